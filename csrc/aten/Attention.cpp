@@ -1,0 +1,59 @@
+// scaled_dot_product_attention on neuron: the PrivateUse1 "overrideable"
+// fused path. _fused_sdp_choice asks the host runtime's flash-attention
+// constraints and, where they hold, routes SDPA to the fused kernels below;
+// otherwise it returns the math path, which decomposes into device ops.
+#include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
+#include <torch/library.h>
+
+#include "HostExecution.h"
+
+namespace at::neuron {
+namespace {
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  auto choice = at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v),
+                                      attn_mask ? std::optional<at::Tensor>(host_alias(*attn_mask)) : std::nullopt,
+                                      dropout_p, is_causal, scale, enable_gqa);
+  // The fused kernel has no dropout RNG or GQA expansion of its own.
+  bool fused = choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && dropout_p == 0.0 &&
+               q.size(-3) == k.size(-3);
+  return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
+           at::Tensor>
+fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& bias,
+                double dropout_p, bool is_causal, bool return_debug_mask, std::optional<double> scale) {
+  TORCH_CHECK(dropout_p == 0.0, "neuron fused attention has no dropout; use the math path");
+  auto out = host_call("aten::_scaled_dot_product_flash_attention_for_cpu", "",
+                       {q, k, v, dropout_p, is_causal, bias ? c10::IValue(*bias) : c10::IValue(), scale});
+  auto empty = at::empty({0}, q.options());
+  auto empty_i64 = at::empty({0}, q.options().dtype(at::kLong));
+  return {out[0].toTensor(), out[1].toTensor(), empty_i64, empty_i64, c10::SymInt(q.size(-2)),
+          c10::SymInt(k.size(-2)), empty_i64, empty_i64, empty};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out, const at::Tensor& logsumexp,
+    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
+    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  TORCH_CHECK(!grad_input_mask[3], "neuron fused attention does not compute gradients of attn_mask");
+  auto grads = host_call("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "",
+                         {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
+                          bias.defined() ? c10::IValue(bias) : c10::IValue(), scale});
+  return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor(), at::Tensor()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
+  m.impl("_scaled_dot_product_fused_attention_overrideable", fused_attention);
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", fused_attention_backward);
+}
+
+}  // namespace at::neuron

@@ -1,0 +1,48 @@
+// Host kernel execution: how the host NeuronCore runtime runs ATen ops.
+//
+// Device memory is host memory, so a kernel runs in place: every neuron
+// tensor argument is aliased (zero copy) as a CPU tensor over the same bytes,
+// ATen's reference CPU kernel runs on the aliases inside a launch on the
+// current neuron stream, and results are mapped back to neuron tensors.
+// Fresh outputs are allocated in HBM while the kernel runs (StagingScope), so
+// they too come back without a copy. Mutations of out=/in-place arguments,
+// resizes and views keep their aliasing because the aliases share storage.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace at::neuron {
+
+// Runs `op` on the host runtime. Used for every op in the device's kernel
+// table and by the fallback.
+void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Boxed PrivateUse1 fallback for ops with no neuron kernel: counts the op,
+// warns once per op, and raises instead when TORCH_NEURONX_DISABLE_FALLBACK=1.
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Op name -> number of calls that reached the fallback.
+std::map<std::string, int64_t> fallback_counts();
+void reset_fallback_counts();
+
+// Registers host_execute as the PrivateUse1 kernel for every overload of
+// the ops in the device kernel table (see HostOps.cpp). Returns the names.
+std::vector<std::string> register_host_kernels();
+
+// A CPU tensor over the same bytes as neuron tensor `t` (zero copy); it keeps
+// t's storage alive. Non-neuron tensors are returned unchanged.
+at::Tensor host_alias(const at::Tensor& t);
+
+// Calls aten::`name`.`overload` through host_execute with `args` and returns
+// the results (neuron tensors where the op produced tensors).
+std::vector<c10::IValue> host_call(const char* name, const char* overload, std::vector<c10::IValue> args);
+
+// Unsupported dtypes (complex, quantized) raise TypeError.
+void check_supported_dtype(c10::ScalarType dtype);
+
+}  // namespace at::neuron

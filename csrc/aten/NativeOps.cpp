@@ -1,0 +1,192 @@
+// Kernels that must not go through host execution: allocation, metadata and
+// views (they only describe device memory), copies across the device
+// boundary, host reads (sync points) and stream bookkeeping.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "HostExecution.h"
+#include "NeuronAllocator.h"
+#include "NeuronFunctions.h"
+#include "csrc/runtime/Stream.h"
+
+namespace at::neuron {
+
+// Grows, shrinks or releases a storage's device memory, keeping its prefix.
+void resize_storage_bytes(c10::StorageImpl* impl, size_t newsize);
+
+namespace {
+
+c10::Device target_device(std::optional<c10::Device> device) {
+  c10::DeviceIndex index = device && device->has_index() ? device->index() : -1;
+  return device_of_index(resolve_device(index));
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  c10::Device dev = target_device(device);
+  auto scalar_type = c10::dtype_or_default(dtype);
+  check_supported_dtype(scalar_type);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
+  c10::DeviceGuard guard(dev);
+  return at::detail::empty_generic(size, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   scalar_type, memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  c10::Device dev = target_device(device);
+  auto scalar_type = c10::dtype_or_default(dtype);
+  check_supported_dtype(scalar_type);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
+  c10::DeviceGuard guard(dev);
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), scalar_type);
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+void ensure_storage(const at::Tensor& self, size_t needed) {
+  c10::StorageImpl* storage = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (needed > storage->nbytes()) {
+    c10::DeviceGuard guard(self.device());
+    resize_storage_bytes(storage, needed);
+  }
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (impl->numel() > 0) {
+    ensure_storage(self, at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
+                                                                    self.storage_offset()));
+  }
+  if (memory_format) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format ", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device() == self.device(), "Attempted to set the storage of a tensor on device \"",
+              self.device(), "\" to a storage on different device \"", source.device(), "\".");
+  auto* impl = self.unsafeGetTensorImpl();
+  if (impl->storage().unsafeGetStorageImpl() != source.unsafeGetStorageImpl()) {
+    impl->set_storage_keep_dtype(std::move(source));
+  }
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(storage_offset);
+  } else {
+    impl->set_sizes_and_strides(size, stride, storage_offset);
+  }
+  if (impl->numel() > 0) {
+    ensure_storage(self, at::detail::computeStorageNbytes(impl->sizes(), impl->strides(),
+                                                          self.dtype().itemsize(), storage_offset));
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  int64_t numel = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+// copy_ across the device boundary (and between neuron tensors): both sides
+// are host-addressable, so the copy is one CPU copy_ between aliases, which
+// also converts dtypes and handles any strides.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const at::Tensor& dev = dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self;
+  if (dst.numel() == 0) return dst;
+  check_supported_dtype(self.scalar_type());
+  at::Tensor src_h = host_alias(self);
+  at::Tensor dst_h = host_alias(dst);
+  neuronrt::Stream& stream = rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(dev.device().index()); });
+  stream.launch([&] { dst_h.copy_(src_h, non_blocking); });
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) at::native::resize_output(dst, self.sizes());
+  return copy_from(self, dst, false);
+}
+
+// .item(), bool(t), printing: a host read, so it waits for the stream.
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  rt_call([&] { neuronrt::current_stream(self.device().index()).synchronize(); });
+  return at::_local_scalar_dense(host_alias(self));
+}
+
+// param.data = t.to("neuron") and Module._apply swap a CPU TensorImpl for a
+// neuron one; both are dense strided host-addressable tensors.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.device().is_cpu() || t.device().is_privateuseone());
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
+// Freed blocks are reusable at once (launches complete in order).
+void record_stream(at::Tensor&, c10::Stream) {}
+
+}  // namespace
+
+void resize_storage_bytes(c10::StorageImpl* impl, size_t newsize) {
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  size_t old = impl->nbytes();
+  if (newsize == old) return;
+  c10::DataPtr fresh;
+  if (newsize > 0) {
+    c10::DeviceGuard guard(impl->device());
+    fresh = device_allocator()->allocate(newsize);
+    if (old > 0 && impl->data()) std::memcpy(fresh.get(), impl->data(), std::min(old, newsize));
+  } else {
+    fresh = c10::DataPtr(nullptr, impl->device());
+  }
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(newsize);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage", set_storage);
+  m.impl("set_.source_Storage_storage_offset", set_storage_offset);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("record_stream", record_stream);
+}
+
+}  // namespace at::neuron

@@ -1,0 +1,128 @@
+#include "NeuronAllocator.h"
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "NeuronFunctions.h"
+#include "csrc/runtime/CachingAllocator.h"
+
+namespace at::neuron {
+namespace {
+
+neuronrt::CachingAllocator& rt_allocator() { return neuronrt::CachingAllocator::instance(); }
+
+void* rt_allocate(c10::DeviceIndex device, size_t nbytes) {
+  return rt_call([&] { return rt_allocator().allocate(device, nbytes); });
+}
+
+void to_c10(const neuronrt::StatArray& in, c10::CachingAllocator::StatArray& out) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    out[i].current = in[i].current;
+    out[i].peak = in[i].peak;
+    out[i].allocated = in[i].allocated;
+    out[i].freed = in[i].freed;
+  }
+}
+
+class NeuronDeviceAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex device = current_device();
+    void* ptr = rt_allocate(device, nbytes);
+    return {ptr, ptr, &device_free, device_of_index(device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &device_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override { rt_allocator().empty_cache(); }
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    auto s = rt_call([&] { return rt_allocator().stats(device); });
+    c10::CachingDeviceAllocator::DeviceStats out;
+    to_c10(s.allocation, out.allocation);
+    to_c10(s.segment, out.segment);
+    to_c10(s.active, out.active);
+    to_c10(s.allocated_bytes, out.allocated_bytes);
+    to_c10(s.reserved_bytes, out.reserved_bytes);
+    to_c10(s.active_bytes, out.active_bytes);
+    to_c10(s.requested_bytes, out.requested_bytes);
+    out.num_alloc_retries = s.num_alloc_retries;
+    out.num_ooms = s.num_ooms;
+    out.num_device_alloc = s.num_device_alloc;
+    out.num_device_free = s.num_device_free;
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    rt_call([&] { rt_allocator().reset_accumulated_stats(device); });
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    rt_call([&] { rt_allocator().reset_peak_stats(device); });
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    return rt_call([&] { return rt_allocator().mem_info(device); });
+  }
+};
+
+NeuronDeviceAllocator g_device_allocator;
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
+
+thread_local int tls_staging_device = -1;
+
+// Sits in front of ATen's CPU allocator. Outside a StagingScope it forwards
+// to the allocator it replaced.
+class StagingAllocator final : public c10::Allocator {
+ public:
+  explicit StagingAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (tls_staging_device < 0) return base_->allocate(nbytes);
+    void* ptr = rt_allocate(static_cast<c10::DeviceIndex>(tls_staging_device), nbytes);
+    return {ptr, ptr, &device_free, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+  static void raw_delete(void* ptr);
+  c10::Allocator* base_;
+};
+
+StagingAllocator* g_staging = nullptr;
+
+void StagingAllocator::raw_delete(void* ptr) {
+  if (ptr && rt_allocator().block_size(ptr) > 0) {
+    device_free(ptr);
+  } else if (auto del = g_staging->base_->raw_deleter()) {
+    del(ptr);
+  }
+}
+
+}  // namespace
+
+void device_free(void* ptr) {
+  if (ptr) rt_allocator().free(ptr);
+}
+
+c10::Allocator* device_allocator() { return &g_device_allocator; }
+
+StagingScope::StagingScope(c10::DeviceIndex device) : prev_(tls_staging_device) {
+  tls_staging_device = device;
+}
+
+StagingScope::~StagingScope() { tls_staging_device = prev_; }
+
+void install_staging_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    g_staging = new StagingAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(g_staging, /*priority=*/100);
+  });
+}
+
+}  // namespace at::neuron

@@ -1,0 +1,46 @@
+// Small helpers shared by the PyTorch integration: device-index conversion
+// and translation of runtime errors into the c10 exceptions Python expects.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include "csrc/runtime/Device.h"
+#include "csrc/runtime/Error.h"
+
+namespace at::neuron {
+
+inline c10::Device device_of_index(c10::DeviceIndex index) {
+  return c10::Device(c10::DeviceType::PrivateUse1, index);
+}
+
+// Runs `fn`, turning runtime errors into c10 errors: OutOfMemoryError becomes
+// torch.OutOfMemoryError, an invalid index becomes a RuntimeError that names
+// the valid range.
+template <typename F>
+decltype(auto) rt_call(F&& fn) {
+  try {
+    return fn();
+  } catch (const neuronrt::OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const neuronrt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+inline c10::DeviceIndex current_device() {
+  return static_cast<c10::DeviceIndex>(neuronrt::current_device());
+}
+
+inline void check_device(c10::DeviceIndex index) {
+  rt_call([&] { neuronrt::check_device(index); });
+}
+
+// Resolves -1 / unset to the current device and validates the index.
+inline c10::DeviceIndex resolve_device(c10::DeviceIndex index) {
+  if (index < 0) index = current_device();
+  check_device(index);
+  return index;
+}
+
+}  // namespace at::neuron

@@ -1,0 +1,105 @@
+// DeviceGuardImplInterface for PrivateUse1: what torch.accelerator,
+// torch.Stream/torch.Event, DeviceGuard and autograd's stream handling call.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "NeuronFunctions.h"
+#include "csrc/runtime/Stream.h"
+
+namespace at::neuron {
+namespace {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+
+c10::Stream to_c10(const neuronrt::Stream& s) {
+  return c10::Stream(c10::Stream::UNSAFE, device_of_index(s.device()), s.id());
+}
+
+neuronrt::Stream& to_rt(const c10::Stream& s) {
+  return rt_call([&]() -> neuronrt::Stream& { return neuronrt::get_stream(s.device_index(), s.id()); });
+}
+
+struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kNeuron; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kNeuron, "expected a neuron device, got ", d);
+    return device_of_index(rt_call([&] { return neuronrt::exchange_device(d.index()); }));
+  }
+  c10::Device getDevice() const override { return device_of_index(current_device()); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kNeuron, "expected a neuron device, got ", d);
+    rt_call([&] { neuronrt::set_device(d.index()); });
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      neuronrt::set_device(d.index());
+    } catch (...) {
+    }
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(neuronrt::device_count());
+  }
+
+  c10::Stream getStream(c10::Device d) const override {
+    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(d.index()); }));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::default_stream(d.index()); }));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::pool_stream(d.index(), priority); }));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool isHighPriority) const override {
+    return getNewStream(d, isHighPriority ? -1 : 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    neuronrt::Stream& next = to_rt(s);
+    c10::Stream prev = to_c10(neuronrt::current_stream(s.device_index()));
+    neuronrt::set_current_stream(next);
+    return prev;
+  }
+  bool queryStream(const c10::Stream& s) const override { return to_rt(s).query(); }
+  void synchronizeStream(const c10::Stream& s) const override { to_rt(s).synchronize(); }
+  void synchronizeDevice(const c10::DeviceIndex index) const override {
+    rt_call([&] { neuronrt::synchronize_device(index); });
+  }
+  // Launches complete in order and the allocator serves one queue per
+  // device, so a block can be reused as soon as it is freed.
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == s.device_index(),
+                "Event device index ", device_index, " does not match recording stream's device index ",
+                s.device_index(), ".");
+    auto* ev = static_cast<neuronrt::Event*>(*event);
+    if (!ev) {
+      ev = new neuronrt::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
+      *event = ev;
+    }
+    ev->record(to_rt(s));
+  }
+  void block(void* event, const c10::Stream& s) const override {
+    if (event) static_cast<neuronrt::Event*>(event)->block(to_rt(s));
+  }
+  bool queryEvent(void* event) const override {
+    return !event || static_cast<neuronrt::Event*>(event)->query();
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<neuronrt::Event*>(event);
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event) static_cast<neuronrt::Event*>(event)->synchronize();
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");
+    return rt_call([&] {
+      return static_cast<neuronrt::Event*>(start)->elapsed_ms(*static_cast<neuronrt::Event*>(end));
+    });
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
+
+}  // namespace
+}  // namespace at::neuron

@@ -1,0 +1,58 @@
+// torch_neuronx._C: the Python entry to the runtime and the integration.
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/Context.h>
+
+#include "csrc/aten/HostExecution.h"
+#include "csrc/aten/NeuronAllocator.h"
+#include "csrc/aten/NeuronFunctions.h"
+#include "csrc/aten/NeuronGenerator.h"
+#include "csrc/runtime/CachingAllocator.h"
+#include "csrc/runtime/Device.h"
+
+namespace py = pybind11;
+
+namespace {
+
+PyObject* default_generator(c10::DeviceIndex index) {
+  return THPGenerator_initDefaultGenerator(at::neuron::default_generator(index));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch-neuronx native core";
+  at::neuron::install_staging_allocator();
+
+  m.def("_register_host_kernels", &at::neuron::register_host_kernels,
+        "Registers the device kernel table; returns the registered op names.");
+  m.def("_fallback_counts", &at::neuron::fallback_counts);
+  m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
+
+  m.def("_device_count", [] { return neuronrt::device_count(); });
+  m.def("_current_device", [] { return neuronrt::current_device(); });
+  m.def("_set_device", [](int index) { at::neuron::rt_call([&] { neuronrt::set_device(index); }); });
+  m.def("_exchange_device", [](int index) {
+    return at::neuron::rt_call([&] { return neuronrt::exchange_device(index); });
+  });
+  m.def("_synchronize", [](int index) {
+    py::gil_scoped_release no_gil;
+    at::neuron::rt_call([&] { neuronrt::synchronize_device(index); });
+  });
+  m.def("_get_device_properties", [](int index) {
+    const auto& p = at::neuron::rt_call([&]() -> const neuronrt::DeviceProperties& {
+      return neuronrt::device_properties(index);
+    });
+    return py::make_tuple(p.name, p.total_memory, p.major, p.minor, p.physical_core);
+  });
+  m.def("_mem_get_info", [](int index) {
+    return at::neuron::rt_call([&] { return neuronrt::CachingAllocator::instance().mem_info(index); });
+  });
+  m.def("_empty_cache", [] { neuronrt::CachingAllocator::instance().empty_cache(); });
+  m.def("_default_generator", [](int index) {
+    return py::reinterpret_steal<py::object>(default_generator(static_cast<c10::DeviceIndex>(index)));
+  });
+  m.def("_is_neuron_ptr", [](uintptr_t ptr) {
+    return neuronrt::CachingAllocator::instance().device_of(reinterpret_cast<void*>(ptr));
+  });
+}

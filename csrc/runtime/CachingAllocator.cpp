@@ -1,0 +1,202 @@
+#include "CachingAllocator.h"
+
+#include <cstdlib>
+#include <memory>
+
+#include "Device.h"
+#include "Error.h"
+
+namespace neuronrt {
+namespace {
+
+StatPool pool_of(size_t size) {
+  return size <= CachingAllocator::kSmallSize ? kSmallPool : kLargePool;
+}
+
+void update(StatArray& stats, size_t size, int64_t delta) {
+  for (int idx : {static_cast<int>(kAllPools), static_cast<int>(pool_of(size))}) {
+    if (delta >= 0) stats[idx].increase(delta);
+    else stats[idx].decrease(-delta);
+  }
+}
+
+}  // namespace
+
+void Stat::increase(int64_t n) {
+  current += n;
+  if (current > peak) peak = current;
+  allocated += n;
+}
+
+void Stat::decrease(int64_t n) {
+  current -= n;
+  freed += n;
+}
+
+CachingAllocator& CachingAllocator::instance() {
+  // Leaked on purpose: tensors may be freed during interpreter shutdown,
+  // after static destructors would have run.
+  static CachingAllocator* inst = new CachingAllocator();
+  return *inst;
+}
+
+size_t CachingAllocator::round_size(size_t size) {
+  if (size <= kSmallSize) {
+    constexpr size_t kStep = 512;
+    return std::max(kStep, (size + kStep - 1) / kStep * kStep);
+  }
+  // Quarter steps between powers of two bound internal waste to 25 %.
+  size_t pow2 = size_t{1} << (63 - __builtin_clzll(size));
+  size_t step = pow2 / 4;
+  return (size + step - 1) / step * step;
+}
+
+CachingAllocator::DeviceState& CachingAllocator::state(int device) const {
+  check_device(device);
+  if (devices_.empty()) {
+    for (int i = 0; i < device_count(); ++i) {
+      auto ds = std::make_unique<DeviceState>();
+      ds->capacity = device_properties(i).total_memory;
+      devices_.push_back(std::move(ds));
+    }
+  }
+  return *devices_[device];
+}
+
+CachingAllocator::Block* CachingAllocator::take_cached(DeviceState& ds, size_t size) {
+  auto it = ds.cache.lower_bound(size);
+  // Blocks are not split, so only reuse one that wastes at most a quarter.
+  if (it == ds.cache.end() || it->first > size + size / 4) return nullptr;
+  Block* b = it->second;
+  ds.cache.erase(it);
+  return b;
+}
+
+void CachingAllocator::release_block(DeviceState& ds, Block* b) {
+  update(ds.stats.segment, b->size, -1);
+  update(ds.stats.reserved_bytes, b->size, -static_cast<int64_t>(b->size));
+  ds.stats.num_device_free++;
+  segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
+  std::free(b->ptr);
+  delete b;
+}
+
+void CachingAllocator::release_cached(DeviceState& ds) {
+  for (auto& [size, b] : ds.cache) release_block(ds, b);
+  ds.cache.clear();
+}
+
+void* CachingAllocator::allocate(int device, size_t size) {
+  if (size == 0) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  DeviceState& ds = state(device);
+  size_t rounded = round_size(size);
+  Block* b = take_cached(ds, rounded);
+  if (!b) {
+    auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
+    if (reserved() + rounded > ds.capacity && !ds.cache.empty()) {
+      ds.stats.num_alloc_retries++;
+      release_cached(ds);
+    }
+    void* ptr = nullptr;
+    if (reserved() + rounded <= ds.capacity) {
+      size_t bytes = (rounded + kAlignment - 1) / kAlignment * kAlignment;
+      ptr = std::aligned_alloc(kAlignment, bytes);
+    }
+    if (!ptr) {
+      ds.stats.num_ooms++;
+      throw OutOfMemoryError(device, size,
+                             static_cast<size_t>(ds.stats.allocated_bytes[kAllPools].current),
+                             reserved(), ds.capacity);
+    }
+    b = new Block{device, rounded, size, ptr, false};
+    segments_.emplace(reinterpret_cast<uintptr_t>(ptr), b);
+    update(ds.stats.segment, rounded, 1);
+    update(ds.stats.reserved_bytes, rounded, static_cast<int64_t>(rounded));
+    ds.stats.num_device_alloc++;
+  }
+  b->in_use = true;
+  b->requested = size;
+  update(ds.stats.allocation, b->size, 1);
+  update(ds.stats.active, b->size, 1);
+  update(ds.stats.allocated_bytes, b->size, static_cast<int64_t>(b->size));
+  update(ds.stats.active_bytes, b->size, static_cast<int64_t>(b->size));
+  update(ds.stats.requested_bytes, b->size, static_cast<int64_t>(size));
+  return b->ptr;
+}
+
+void CachingAllocator::free(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == segments_.end() || !it->second->in_use) {
+    throw Error("neuron allocator: free of a pointer it does not own");
+  }
+  Block* b = it->second;
+  DeviceState& ds = state(b->device);
+  b->in_use = false;
+  update(ds.stats.allocation, b->size, -1);
+  update(ds.stats.active, b->size, -1);
+  update(ds.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
+  update(ds.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
+  update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
+  ds.cache.emplace(b->size, b);
+}
+
+void CachingAllocator::empty_cache(int device) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (device >= 0) {
+    release_cached(state(device));
+    return;
+  }
+  for (int d = 0; d < device_count(); ++d) release_cached(state(d));
+}
+
+DeviceStats CachingAllocator::stats(int device) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return state(device).stats;
+}
+
+void CachingAllocator::reset_peak_stats(int device) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  DeviceStats& s = state(device).stats;
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
+                       &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+    for (Stat& st : *a) st.reset_peak();
+  }
+}
+
+void CachingAllocator::reset_accumulated_stats(int device) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  DeviceStats& s = state(device).stats;
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
+                       &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+    for (Stat& st : *a) st.reset_accumulated();
+  }
+  s.num_alloc_retries = s.num_ooms = s.num_device_alloc = s.num_device_free = 0;
+}
+
+std::pair<size_t, size_t> CachingAllocator::mem_info(int device) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const DeviceState& ds = state(device);
+  size_t reserved = static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current);
+  return {ds.capacity - std::min(reserved, ds.capacity), ds.capacity};
+}
+
+int CachingAllocator::device_of(const void* ptr) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) return -1;
+  --it;
+  const Block* b = it->second;
+  return addr < it->first + b->size ? b->device : -1;
+}
+
+size_t CachingAllocator::block_size(const void* ptr) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
+  return it == segments_.end() ? 0 : it->second->size;
+}
+
+}  // namespace neuronrt

@@ -1,0 +1,107 @@
+// Per-device caching allocator for NeuronCore HBM.
+//
+// Blocks are rounded to size classes (512 B steps below 1 MiB, quarter powers
+// of two above) and kept in a per-device cache when freed, so steady-state
+// training and decoding do not touch the system allocator. Statistics follow
+// the CUDA caching allocator's vocabulary (allocated/reserved/active bytes,
+// current/peak/allocated/freed, retries, OOMs) so torch.neuron.memory_stats()
+// reads like torch.cuda.memory_stats().
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace neuronrt {
+
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;  // accumulated increases
+  int64_t freed = 0;      // accumulated decreases
+  void increase(int64_t n);
+  void decrease(int64_t n);
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = freed = 0; }
+};
+
+// Index into a StatArray.
+enum StatPool : int { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
+using StatArray = std::array<Stat, 3>;
+
+struct DeviceStats {
+  StatArray allocation;       // COUNT: live client allocations
+  StatArray segment;          // COUNT: segments obtained from the system
+  StatArray active;           // COUNT: blocks in use
+  StatArray allocated_bytes;  // SUM: bytes in client allocations (rounded)
+  StatArray reserved_bytes;   // SUM: bytes held from the system (used + cached)
+  StatArray active_bytes;     // SUM: bytes in active blocks
+  StatArray requested_bytes;  // SUM: bytes the client asked for (unrounded)
+  int64_t num_alloc_retries = 0;  // cache flushes forced by the capacity
+  int64_t num_ooms = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+};
+
+class CachingAllocator {
+ public:
+  static constexpr size_t kSmallSize = size_t{1} << 20;  // small-pool limit
+  static constexpr size_t kAlignment = 64;
+
+  static CachingAllocator& instance();
+
+  // Returns nullptr for size 0. Throws OutOfMemoryError when the device's
+  // capacity would be exceeded after releasing the cache.
+  void* allocate(int device, size_t size);
+  // Returns the block to its device's cache. Unknown pointers throw Error.
+  void free(void* ptr);
+  // Releases cached (unused) blocks of `device`, or of every device for -1.
+  void empty_cache(int device = -1);
+
+  DeviceStats stats(int device) const;
+  void reset_peak_stats(int device);
+  void reset_accumulated_stats(int device);
+  // (free, total) bytes of the device's HBM budget.
+  std::pair<size_t, size_t> mem_info(int device) const;
+
+  // Device owning the allocation that contains `ptr`, or -1. Safe to call
+  // without any Python lock; takes only the allocator mutex.
+  int device_of(const void* ptr) const;
+  // Rounded size of the live block starting at `ptr` (0 if unknown).
+  size_t block_size(const void* ptr) const;
+
+  static size_t round_size(size_t size);
+
+ private:
+  CachingAllocator() = default;
+
+  struct Block {
+    int device;
+    size_t size;       // rounded size
+    size_t requested;  // client size
+    void* ptr;
+    bool in_use;
+  };
+  struct DeviceState {
+    std::multimap<size_t, Block*> cache;  // free blocks by size
+    DeviceStats stats;
+    size_t capacity = 0;
+  };
+
+  DeviceState& state(int device) const;
+  Block* take_cached(DeviceState& ds, size_t size);
+  void release_cached(DeviceState& ds);
+  void release_block(DeviceState& ds, Block* block);
+
+  mutable std::recursive_mutex mutex_;
+  mutable std::vector<std::unique_ptr<DeviceState>> devices_;
+  // Every live segment (in use or cached), ordered by address.
+  std::map<uintptr_t, Block*> segments_;
+};
+
+}  // namespace neuronrt

