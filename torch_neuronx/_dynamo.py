@@ -1,0 +1,142 @@
+"""Dynamo integration: the ``neuron`` DeviceInterface and the ``"neuron"`` backend.
+
+Nothing here is imported by ``import torch``; it loads on the first
+``torch.compile`` that needs it (Inductor asks ``torch.neuron`` for its
+codegen classes, which registers everything; the backend entry point imports
+this module directly).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
+
+log = logging.getLogger(__name__)
+
+
+class NeuronInterface(DeviceInterface):
+    device = torch.neuron.device  # type: ignore[assignment]
+    Event = torch.neuron.Event  # type: ignore[assignment]
+    Stream = torch.neuron.Stream  # type: ignore[assignment]
+
+    class Worker:
+        @staticmethod
+        def set_device(device: int) -> None:
+            torch.neuron.set_device(device)
+
+        @staticmethod
+        def current_device() -> int:
+            return torch.neuron.current_device()
+
+        @staticmethod
+        def get_device_properties(device=None):
+            return torch.neuron.get_device_properties(device)
+
+    current_device = staticmethod(torch.neuron.current_device)
+    set_device = staticmethod(torch.neuron.set_device)
+    device_count = staticmethod(torch.neuron.device_count)
+    is_available = staticmethod(torch.neuron.is_available)
+    stream = staticmethod(torch.neuron.stream)
+    current_stream = staticmethod(torch.neuron.current_stream)
+    set_stream = staticmethod(torch.neuron.set_stream)
+    synchronize = staticmethod(torch.neuron.synchronize)
+    memory_allocated = staticmethod(torch.neuron.memory_allocated)
+
+    @staticmethod
+    def maybe_exchange_device(device: int) -> int:
+        if device < 0 or device >= torch.neuron.device_count():
+            return torch.neuron.current_device()
+        return torch_neuronx_C()._exchange_device(device)
+
+    @staticmethod
+    def exchange_device(device: int) -> int:
+        return torch_neuronx_C()._exchange_device(device)
+
+    @staticmethod
+    def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
+        torch.accelerator.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index,
+                                                  device_type=device_type))
+
+    @staticmethod
+    def get_raw_stream(device_idx: int) -> int:
+        # Host kernels take no stream handle; launches are ordered by the runtime.
+        return 0
+
+    @classmethod
+    def get_device_properties(cls, device=None):
+        return torch.neuron.get_device_properties(device)
+
+    @staticmethod
+    def get_compute_capability(device=None) -> str:
+        major, minor = torch.neuron.get_device_capability(device)
+        return f"neuron{major}{minor}"
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = False) -> bool:
+        return True
+
+    @staticmethod
+    def is_triton_capable(device=None) -> bool:
+        return False
+
+    @classmethod
+    def raise_if_triton_unavailable(cls, device=None) -> None:
+        raise RuntimeError("neuron kernels are generated as C++ host kernels, not Triton")
+
+
+def torch_neuronx_C():
+    from . import _C
+
+    return _C
+
+
+@functools.cache
+def register_device_interface() -> None:
+    register_interface_for_device("neuron", NeuronInterface)
+    for i in range(torch.neuron.device_count()):
+        register_interface_for_device(f"neuron:{i}", NeuronInterface)
+
+
+# ---- the "neuron" backend -------------------------------------------------------
+
+_MODES = {
+    "default": {},
+    # Host kernels have no launch overhead worth a graph replay; CUDA graphs do
+    # not apply, so reduce-overhead compiles like default.
+    "reduce-overhead": {},
+    "max-autotune": {"max_autotune": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True},
+}
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """``torch.compile(model, backend="neuron")``.
+
+    Lowering: AOTAutograd (so training graphs work) into Inductor with the
+    neuron device registration, which emits fused C++ host kernels that run
+    in place on device memory. ``mode`` selects Inductor options (see
+    docs/compile.md); ``options`` are passed through to Inductor.
+    """
+    from torch._inductor.compile_fx import compile_fx
+
+    register_device_interface()
+    mode = mode or "default"
+    if mode not in _MODES:
+        raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
+    config_patches = dict(_MODES[mode])
+    config_patches["triton.cudagraphs"] = False
+    if options:
+        config_patches.update(options)
+    return compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+def _register_backend() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "neuron" not in _BACKENDS:
+        register_backend(neuron_backend, name="neuron")
+
+
+_register_backend()
