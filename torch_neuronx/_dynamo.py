@@ -103,33 +103,119 @@ def register_device_interface() -> None:
 
 _MODES = {
     "default": {},
-    # Host kernels have no launch overhead worth a graph replay; CUDA graphs do
-    # not apply, so reduce-overhead compiles like default.
+    # CUDA graphs do not apply to host kernels; reduce-overhead compiles like default.
     "reduce-overhead": {},
     "max-autotune": {"max_autotune": True},
     "max-autotune-no-cudagraphs": {"max_autotune": True},
 }
 
+_DEVICE_KWARGS = ("device",)
+
+
+def _host_graph(gm: torch.fx.GraphModule) -> int:
+    """Rewrites neuron device constants in ``gm`` to cpu; returns the neuron
+    device index the graph ran on (current device if it names none)."""
+    index = None
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        dev = node.kwargs.get("device")
+        if isinstance(dev, torch.device) and dev.type == "neuron":
+            index = dev.index if dev.index is not None else index
+            node.kwargs = {**node.kwargs, "device": torch.device("cpu")}
+    gm.recompile()
+    return index
+
+
+def _host_inputs(example_inputs, fake_mode):
+    out = []
+    with fake_mode:
+        for t in example_inputs:
+            if isinstance(t, torch.Tensor) and t.device.type == "neuron":
+                out.append(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu",
+                                               requires_grad=t.requires_grad))
+            else:
+                out.append(t)
+    return out
+
+
+def _make_compiler(is_backward: bool, config_patches: dict):
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        from torch._guards import detect_fake_mode
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        devices = {t.device.index for t in example_inputs
+                   if isinstance(t, torch.Tensor) and t.device.type == "neuron"}
+        index = _host_graph(gm)
+        if devices:
+            index = next(iter(devices))
+        if index is None:
+            index = torch.neuron.current_device()
+        fake_mode = detect_fake_mode(example_inputs)
+        host_inputs = _host_inputs(example_inputs, fake_mode)
+        FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*host_inputs)
+        uses_rng = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+                       for n in gm.graph.nodes if n.op == "call_function")
+        # Random ops stay aten calls (no Inductor seed rewriting) so they can
+        # be driven by the device generator at run time (see _on_device).
+        with torch._inductor.config.patch({**config_patches, "fallback_random": True}):
+            compiled = compile_fx_inner(gm, host_inputs, is_backward=is_backward)
+        return _on_device(compiled, index, uses_rng)
+
+    return compiler
+
+
+def _on_device(compiled, index: int, uses_rng: bool):
+    C = torch_neuronx_C()
+
+    def call(host):
+        with C._Staging(index):
+            return compiled(host)
+
+    def run(args):
+        host = [C._host_alias(a) if isinstance(a, torch.Tensor) else a for a in args]
+        args.clear()
+        if uses_rng:
+            # The host code draws from the CPU engine: seed it from the device
+            # generator's Philox stream (advancing it) and leave the caller's
+            # CPU RNG state untouched.
+            seed = int(torch.randint(0, 2**62, (1,), device=f"neuron:{index}").item())
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                outs = call(host)
+        else:
+            outs = call(host)
+        return [C._device_tensor(o, index) if isinstance(o, torch.Tensor) else o for o in outs]
+
+    run._boxed_call = True
+    return run
+
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
     """``torch.compile(model, backend="neuron")``.
 
-    Lowering: AOTAutograd (so training graphs work) into Inductor with the
-    neuron device registration, which emits fused C++ host kernels that run
-    in place on device memory. ``mode`` selects Inductor options (see
-    docs/compile.md); ``options`` are passed through to Inductor.
+    Lowering: Dynamo -> AOTAutograd (forward and backward graphs, so training
+    works) -> Inductor's C++ code generation for the host runtime. Each graph is
+    compiled as host code over aliases of device memory: inputs are passed
+    without copies and outputs are allocated in HBM. ``mode`` selects Inductor
+    options (docs/compile.md); ``options`` are passed through to Inductor.
     """
-    from torch._inductor.compile_fx import compile_fx
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import select_decomp_table
 
     register_device_interface()
     mode = mode or "default"
     if mode not in _MODES:
         raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
-    config_patches = dict(_MODES[mode])
-    config_patches["triton.cudagraphs"] = False
-    if options:
-        config_patches.update(options)
-    return compile_fx(gm, example_inputs, config_patches=config_patches)
+    config_patches = {**_MODES[mode], "triton.cudagraphs": False, **(options or {})}
+    backend = aot_autograd(fw_compiler=_make_compiler(False, config_patches),
+                           bw_compiler=_make_compiler(True, config_patches),
+                           inference_compiler=_make_compiler(False, config_patches),
+                           decompositions=select_decomp_table(),
+                           keep_inference_input_mutations=True)
+    return backend(gm, example_inputs)
 
 
 def _register_backend() -> None:

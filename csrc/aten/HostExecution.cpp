@@ -212,6 +212,29 @@ at::Tensor host_alias(const at::Tensor& t) {
   return make_like(std::move(alias), c10::DispatchKey::CPU, t);
 }
 
+at::Tensor device_tensor(const at::Tensor& host, c10::DeviceIndex device) {
+  if (!host.defined() || !host.device().is_cpu()) return host;
+  check_supported_dtype(host.scalar_type());
+  c10::StorageImpl* impl = host.storage().unsafeGetStorageImpl();
+  const c10::DataPtr& dp = impl->data_ptr();
+  c10::Device dev = device_of_index(device);
+  c10::Storage storage;
+  if (dp.get_deleter() == &release_storage_ref &&
+      static_cast<c10::StorageImpl*>(dp.get_context())->device().type() == kNeuron) {
+    storage = c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+        static_cast<c10::StorageImpl*>(dp.get_context())));
+  } else if (dp.get_deleter() == &device_free) {
+    storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), impl->nbytes(), borrow(impl, dev), device_allocator(), true));
+  } else {
+    c10::DeviceGuard guard(dev);
+    storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                                                 impl->nbytes(), device_allocator(), true));
+    if (impl->nbytes() > 0) std::memcpy(storage.mutable_data(), impl->data(), impl->nbytes());
+  }
+  return make_like(std::move(storage), c10::DispatchKey::PrivateUse1, host);
+}
+
 std::vector<c10::IValue> host_call(const char* name, const char* overload, std::vector<c10::IValue> args) {
   static std::mutex mutex;
   static std::map<std::pair<std::string, std::string>, c10::OperatorHandle> cache;

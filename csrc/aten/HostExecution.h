@@ -38,6 +38,11 @@ std::vector<std::string> register_host_kernels();
 // t's storage alive. Non-neuron tensors are returned unchanged.
 at::Tensor host_alias(const at::Tensor& t);
 
+// The neuron tensor backed by host tensor `host`'s memory: the original
+// device storage for an alias made by host_alias, the HBM block itself for
+// memory allocated under a StagingScope, otherwise a copy on `device`.
+at::Tensor device_tensor(const at::Tensor& host, c10::DeviceIndex device);
+
 // Calls aten::`name`.`overload` through host_execute with `args` and returns
 // the results (neuron tensors where the op produced tensors).
 std::vector<c10::IValue> host_call(const char* name, const char* overload, std::vector<c10::IValue> args);

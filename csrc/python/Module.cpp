@@ -18,6 +18,15 @@ PyObject* default_generator(c10::DeviceIndex index) {
   return THPGenerator_initDefaultGenerator(at::neuron::default_generator(index));
 }
 
+// Python context manager around StagingScope.
+struct Staging {
+  explicit Staging(int device) : device(device) {}
+  void enter() { scope = std::make_unique<at::neuron::StagingScope>(static_cast<c10::DeviceIndex>(device)); }
+  void exit() { scope.reset(); }
+  int device;
+  std::unique_ptr<at::neuron::StagingScope> scope;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -52,6 +61,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(default_generator(static_cast<c10::DeviceIndex>(index)));
   });
+  // Compiled host code (torch.compile backend "neuron") runs on aliases of
+  // device memory and allocates its outputs in HBM.
+  m.def("_host_alias", &at::neuron::host_alias);
+  m.def("_device_tensor", [](const at::Tensor& t, int device) {
+    return at::neuron::device_tensor(t, static_cast<c10::DeviceIndex>(device));
+  });
+  py::class_<Staging>(m, "_Staging")
+      .def(py::init<int>())
+      .def("__enter__", &Staging::enter)
+      .def("__exit__", [](Staging& s, py::args) { s.exit(); });
   m.def("_is_neuron_ptr", [](uintptr_t ptr) {
     return neuronrt::CachingAllocator::instance().device_of(reinterpret_cast<void*>(ptr));
   });

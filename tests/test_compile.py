@@ -1,0 +1,154 @@
+"""torch.compile on neuron: the "neuron" backend (AOTAutograd + Inductor host
+code) against eager, forward and backward."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEV = "neuron"
+
+
+def _pair(module):
+    torch.manual_seed(0)
+    cpu = module()
+    dev = copy.deepcopy(cpu).to(DEV)
+    return cpu, dev
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(F.gelu(self.a(x))).softmax(-1)
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_mlp_forward_backward_matches_eager(mode):
+    torch._dynamo.reset()
+    cpu, dev = _pair(MLP)
+    x = torch.randn(8, 16)
+    compiled = torch.compile(dev, backend="neuron", mode=mode)
+    out = compiled(x.to(DEV))
+    assert out.device.type == "neuron"
+    ref = cpu(x)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    out.pow(2).sum().backward()
+    ref.pow(2).sum().backward()
+    for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_convnet_training_step_matches_eager():
+    torch._dynamo.reset()
+    cpu, dev = _pair(ConvNet)
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_dev = torch.optim.SGD(dev.parameters(), lr=0.1)
+    step = torch.compile(lambda m, a, b: F.cross_entropy(m(a), b), backend="neuron")
+    for _ in range(2):
+        loss_dev = step(dev, x.to(DEV), y.to(DEV))
+        loss_cpu = F.cross_entropy(cpu(x), y)
+        loss_dev.backward()
+        loss_cpu.backward()
+        opt_dev.step(), opt_cpu.step()
+        opt_dev.zero_grad(), opt_cpu.zero_grad()
+        torch.testing.assert_close(loss_dev.cpu(), loss_cpu, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dev.bn.running_mean.cpu(), cpu.bn.running_mean, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamic", [False, None, True])
+def test_dynamic_shapes_and_recompiles(dynamic):
+    torch._dynamo.reset()
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("neuron")
+    fn = torch.compile(lambda x: (x * 2 + 1).sum(0), backend=counter, dynamic=dynamic)
+    for n in (4, 5, 6, 7):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(fn(x.to(DEV)).cpu(), (x * 2 + 1).sum(0))
+    if dynamic is False:
+        assert counter.frame_count == 4
+    else:
+        assert counter.frame_count <= 2
+
+
+def test_graph_break_and_inplace():
+    torch._dynamo.reset()
+
+    def fn(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        y.add_(1)
+        return y * x
+
+    x = torch.randn(5)
+    out = torch.compile(fn, backend="neuron")(x.to(DEV))
+    torch.testing.assert_close(out.cpu(), fn(x))
+
+
+def test_autocast_bf16_compiled():
+    torch._dynamo.reset()
+    cpu, dev = _pair(MLP)
+    x = torch.randn(8, 16)
+
+    def run(m, a, device):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return m.a(a)
+
+    out = torch.compile(run, backend="neuron")(dev, x.to(DEV), "neuron")
+    ref = run(cpu, x, "cpu")
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), ref, rtol=1.6e-2, atol=1e-2)
+
+
+def test_seeded_dropout_is_reproducible():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="neuron")
+    x = torch.ones(64, device=DEV)
+    torch.neuron.manual_seed(3)
+    a = fn(x)
+    torch.neuron.manual_seed(3)
+    b = fn(x)
+    assert torch.equal(a.cpu(), b.cpu())
+    assert set(a.cpu().unique().tolist()) <= {0.0, 2.0}
+
+
+def test_default_inductor_pointwise():
+    torch._dynamo.reset()
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    fn = lambda a, b: (a.sin() + b).relu() * 2  # noqa: E731
+    out = torch.compile(fn)(x.to(DEV), y.to(DEV))
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), fn(x, y))
+
+
+def test_compiled_optimizer_step():
+    torch._dynamo.reset()
+    cpu, dev = _pair(MLP)
+    x = torch.randn(8, 16)
+    for m in (cpu, dev):
+        m(x.to(next(m.parameters()).device)).sum().backward()
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2, foreach=True)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2, foreach=True)
+    step = torch.compile(opt_dev.step, backend="neuron")
+    for _ in range(2):
+        step()
+        opt_cpu.step()
+    for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
