@@ -99,6 +99,19 @@ def register_device_interface() -> None:
         register_interface_for_device(f"neuron:{i}", NeuronInterface)
 
 
+def get_dynamo_metrics() -> dict:
+    """Compile counters of this process: frames compiled, recompiles, graph breaks."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "frames_total": counters["frames"]["total"],
+        "frames_ok": counters["frames"]["ok"],
+        "recompiles": sum(counters["recompiles"].values()),
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+    }
+
+
 # ---- the "neuron" backend -------------------------------------------------------
 
 _MODES = {

@@ -149,7 +149,7 @@ def __getattr__(name):
         _inductor.register()
         return WrapperFxCodegen_() if name == "WrapperFxCodegen" else getattr(_inductor, name)
     if name == "get_dynamo_metrics":
-        from .._metrics import get_dynamo_metrics
+        from .._dynamo import get_dynamo_metrics
 
         return get_dynamo_metrics
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
