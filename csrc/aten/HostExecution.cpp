@@ -315,10 +315,28 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
+  // Random ops without a Generator argument (native_dropout, ...) draw from
+  // the CPU default engine inside their CPU kernel: reseed it from the device
+  // generator for the call and restore the caller's CPU RNG state afterwards.
+  std::optional<at::Generator> cpu_default;
+  at::Tensor cpu_saved_state;
+  if (!neuron_gen.defined() && op.hasTag(at::Tag::nondeterministic_seeded)) {
+    neuron_gen = default_generator(device);
+    cpu_default = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu_default->mutex());
+    cpu_saved_state = cpu_default->get_state();
+  }
+
   c10::DeviceGuard guard(device_of_index(device));
   std::unique_lock<std::mutex> gen_lock;
   NeuronGeneratorImpl* gen = nullptr;
-  if (neuron_gen.defined()) {
+  if (cpu_default) {
+    gen = neuron_gen.get<NeuronGeneratorImpl>();
+    gen_lock = std::unique_lock<std::mutex>(gen->mutex_);
+    at::Generator seeded = bridge_generator(gen->current_seed(), gen->get_offset());
+    std::lock_guard<std::mutex> lock(cpu_default->mutex());
+    cpu_default->set_state(seeded.get_state());
+  } else if (neuron_gen.defined()) {
     gen = neuron_gen.get<NeuronGeneratorImpl>();
     gen_lock = std::unique_lock<std::mutex>(gen->mutex_);
     for (size_t i = 0; i < num_args; ++i) {
@@ -334,6 +352,10 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     stream.launch([&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); });
   }
   if (gen) gen->reserve(static_cast<uint64_t>(max_numel(*stack, stack->size() - schema.returns().size())));
+  if (cpu_default) {
+    std::lock_guard<std::mutex> lock(cpu_default->mutex());
+    cpu_default->set_state(cpu_saved_state);
+  }
 
   // Map results back to the device.
   call.sync_arguments();
