@@ -29,7 +29,9 @@ class CMakeBuild(build_ext):
             ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja" if shutil.which("ninja") else "Unix Makefiles",
              f"-DCMAKE_BUILD_TYPE={cfg}", f"-DPython3_EXECUTABLE={sys.executable}"])
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs])
+        # ccache hits across clones in different folders.
+        env = {**os.environ, "CCACHE_BASEDIR": str(ROOT), "CCACHE_NOHASHDIR": "1"}
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
         built = next(build_dir.glob("_C*.so"))
         dest = Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
