@@ -4,7 +4,19 @@ Importing this package (or just ``import torch``, through the autoload entry
 point) makes ``neuron`` a PyTorch device: ``torch.ones(2, device="neuron")``,
 ``model.to("neuron")``, ``torch.neuron.*``, ``torch.autocast("neuron")``.
 """
-import torch
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group, run by ``import torch``.
+
+    Importing the package is all it takes; it stays light (no Dynamo, Inductor
+    or distributed imports). Defined before ``import torch``: when this package
+    is imported first, torch's autoload finds it partially initialized and
+    looks this name up on it.
+    """
+
+
+import torch  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["fallback_report", "reset_fallback_report", "supported_ops", "__version__"]
@@ -37,6 +49,10 @@ if not hasattr(torch.Tensor, "is_neuron"):
 
 _SUPPORTED_OPS = tuple(sorted(_C._register_host_kernels()))
 
+from . import _compile_hook  # noqa: E402
+
+_compile_hook.install()
+
 
 def fallback_report() -> dict:
     """Ops that ran through the host fallback since the last reset: ``{op: calls}``."""
@@ -51,10 +67,3 @@ def supported_ops() -> tuple:
     """ATen op overloads registered as neuron device kernels (the host kernel table)."""
     return _SUPPORTED_OPS
 
-
-def _autoload():
-    """Entry point of the ``torch.backends`` group, run by ``import torch``.
-
-    Importing the package is all it takes; it stays light (no Dynamo, Inductor
-    or distributed imports).
-    """

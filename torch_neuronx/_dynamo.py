@@ -222,7 +222,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     mode = mode or "default"
     if mode not in _MODES:
         raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
-    config_patches = {**_MODES[mode], "triton.cudagraphs": False, **(options or {})}
+    config_patches = {**_MODES[mode], **(options or {}), "triton.cudagraphs": False}
     backend = aot_autograd(fw_compiler=_make_compiler(False, config_patches),
                            bw_compiler=_make_compiler(True, config_patches),
                            inference_compiler=_make_compiler(False, config_patches),
