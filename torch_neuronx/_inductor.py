@@ -67,25 +67,6 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
         super()._generate_kernel_call_helper(kernel_name, call_args, device=_host(device), **kwargs)
 
 
-def _treat_neuron_as_host_device() -> None:
-    """Inductor's scheduler takes its C++-codegen code paths only for nodes
-    whose device type is literally "cpu" (a hard-coded device list; see
-    pytorch#189138). Neuron kernels are C++ host kernels too, so neuron nodes
-    must take the same paths, or fusion heuristics written for SIMD (Triton)
-    kernels run on C++ kernels and fail."""
-    from torch._inductor.scheduler import BaseSchedulerNode
-
-    if getattr(BaseSchedulerNode.is_cpu, "_neuron_aware", False):
-        return
-
-    def is_cpu(self) -> bool:
-        device = self.get_device()
-        return device is not None and device.type in ("cpu", "neuron")
-
-    is_cpu._neuron_aware = True
-    BaseSchedulerNode.is_cpu = is_cpu
-
-
 def register() -> None:
     from torch._inductor.codegen import cpp_utils
     from torch._inductor.codegen.common import get_scheduling_for_device, register_backend_for_device
@@ -93,7 +74,6 @@ def register() -> None:
     from ._dynamo import register_device_interface
 
     register_device_interface()
-    _treat_neuron_as_host_device()
     register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
     cpp_utils.DEVICE_TO_ATEN["neuron"] = "at::kPrivateUse1"
     if get_scheduling_for_device("neuron") is None:
