@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -68,6 +69,7 @@ class HostCall {
                 "devices, ", *device_, " and cpu! (in ", op_.schema().name(), ")");
   }
   c10::DeviceIndex device_index() const { return device_ ? device_->index() : current_device(); }
+  bool has_device() const { return device_.has_value(); }
 
   at::Tensor to_host(const at::Tensor& t) {
     if (!is_neuron(t)) return t;
@@ -153,9 +155,11 @@ class HostCall {
     c10::Device device = device_of_index(device_index());
     c10::Storage dev;
     if (impl->data_ptr().get_deleter() == &device_free) {
-      // Allocated in HBM under the StagingScope: adopt it without a copy.
-      dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), impl->nbytes(), borrow(impl, device), device_allocator(), true));
+      // Allocated in HBM under the StagingScope and referenced only by this
+      // kernel's results: the storage itself becomes device storage.
+      impl->mutable_data_ptr().unsafe_set_device(device);
+      impl->set_allocator(device_allocator());
+      dev = s;
     } else {
       // Host memory from elsewhere (e.g. an intra-op worker thread): copy.
       c10::DeviceGuard guard(device);
@@ -170,9 +174,10 @@ class HostCall {
   const c10::OperatorHandle& op_;
   std::optional<c10::Device> device_;
   bool has_cpu_ = false;
-  std::vector<Alias> aliases_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> args_;  // (host alias, original)
-  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> fresh_;
+  // Inline capacity covers nearly all ops without heap allocations.
+  c10::SmallVector<Alias, 4> aliases_;
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 6> args_;  // (host alias, original)
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> fresh_;
 };
 
 bool is_generator_arg(const c10::Argument& arg) {
@@ -326,6 +331,11 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::lock_guard<std::mutex> lock(cpu_default->mutex());
     cpu_saved_state = cpu_default->get_state();
   }
+
+  // A neuron generator alone (no neuron tensor or device among the
+  // arguments) routes a CPU op here: refuse it as CUDA does.
+  TORCH_CHECK(!neuron_gen.defined() || call.has_device(), "Expected a 'cpu' device type for generator but found '",
+              neuron_gen.device(), "' (in ", schema.name(), ")");
 
   c10::DeviceGuard guard(device_of_index(device));
   std::unique_lock<std::mutex> gen_lock;

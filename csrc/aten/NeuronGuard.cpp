@@ -18,6 +18,8 @@ neuronrt::Stream& to_rt(const c10::Stream& s) {
   return rt_call([&]() -> neuronrt::Stream& { return neuronrt::get_stream(s.device_index(), s.id()); });
 }
 
+int index_of(c10::Device d) { return d.has_index() ? d.index() : neuronrt::current_device(); }
+
 struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNeuron; }
 
@@ -40,14 +42,15 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return static_cast<c10::DeviceIndex>(neuronrt::device_count());
   }
 
+  // An unindexed device ("neuron") means the current device, as on CUDA.
   c10::Stream getStream(c10::Device d) const override {
-    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(d.index()); }));
+    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(index_of(d)); }));
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::default_stream(d.index()); }));
+    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::default_stream(index_of(d)); }));
   }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
-    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::pool_stream(d.index(), priority); }));
+    return to_c10(rt_call([&]() -> neuronrt::Stream& { return neuronrt::pool_stream(index_of(d), priority); }));
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool isHighPriority) const override {
     return getNewStream(d, isHighPriority ? -1 : 0);

@@ -14,7 +14,7 @@ namespace {
 constexpr int kStreamsPerDevice = 1 + 2 * Stream::kPoolSize;
 
 struct DeviceStreams {
-  std::array<std::unique_ptr<Stream>, kStreamsPerDevice> streams;
+  std::array<std::atomic<Stream*>, kStreamsPerDevice> streams{};
   std::atomic<uint32_t> next_normal{0};
   std::atomic<uint32_t> next_high{0};
   std::mutex mutex;
@@ -38,10 +38,15 @@ Stream& stream_slot(int device, int64_t id) {
                 " does not name a stream of neuron:" + std::to_string(device));
   }
   DeviceStreams& ds = streams_of(device);
+  // Streams are created once and never destroyed: read without the lock.
+  if (Stream* s = ds.streams[id].load(std::memory_order_acquire)) return *s;
   std::lock_guard<std::mutex> lock(ds.mutex);
-  auto& slot = ds.streams[id];
-  if (!slot) slot = std::make_unique<Stream>(device, id);
-  return *slot;
+  Stream* s = ds.streams[id].load(std::memory_order_relaxed);
+  if (!s) {
+    s = new Stream(device, id);
+    ds.streams[id].store(s, std::memory_order_release);
+  }
+  return *s;
 }
 
 // Current stream per device for this thread; -1 means the default stream.
@@ -103,7 +108,7 @@ std::vector<Stream*> all_streams(int device) {
   std::lock_guard<std::mutex> lock(ds.mutex);
   std::vector<Stream*> out;
   for (auto& s : ds.streams) {
-    if (s) out.push_back(s.get());
+    if (Stream* p = s.load()) out.push_back(p);
   }
   return out;
 }

@@ -6,14 +6,13 @@ from ._utils import _get_device_index
 
 
 
+# One default generator per device, created at import so that the name
+# re-exported as torch.neuron.default_generators is the populated tuple.
+default_generators: tuple = tuple(_C._default_generator(i) for i in range(_C._device_count()))
+
+
 def _generators():
-    global default_generators
-    if not default_generators:
-        default_generators = tuple(_C._default_generator(i) for i in range(_C._device_count()))
     return default_generators
-
-
-default_generators: tuple = ()
 
 
 def _gen(device):

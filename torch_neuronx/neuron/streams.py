@@ -1,7 +1,10 @@
-"""Streams and events on neuron devices, as torch.Stream/torch.Event subclasses."""
+"""Streams and events on neuron devices: a torch.Stream subclass, and torch.Event factories."""
 import torch
 
 from ._utils import _get_device_index
+
+
+_POOL_SIZE = 32  # streams per priority pool (kPoolSize, csrc/runtime/Stream.h)
 
 
 def _device(device):
@@ -16,15 +19,34 @@ class Stream(torch.Stream):
             return super().__new__(cls, **kwargs)
         return super().__new__(cls, device=_device(device), priority=priority)
 
+    @property
+    def priority(self) -> int:
+        """0 (normal) or -1 (high), as ``torch.cuda.Stream.priority``. The runtime
+        numbers streams 0 (default), 1..32 (normal pool), 33..64 (high pool)."""
+        return -1 if self.stream_id > _POOL_SIZE else 0
+
     @classmethod
     def _wrap(cls, s: torch.Stream) -> "Stream":
         return cls(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
-class Event(torch.Event):
+class _EventMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
+
+
+class Event(torch.Event, metaclass=_EventMeta):
+    """A marker in a neuron stream, for synchronization and timing.
+
+    Instances are plain ``torch.Event`` objects: torch's C methods
+    (``Event.elapsed_time``, ``Stream.record_event``) accept only that exact
+    type, not Python subclasses. ``isinstance(e, torch.neuron.Event)`` holds
+    for every neuron event.
+    """
+
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False, device=None):
-        return super().__new__(cls, device=_device(device), enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        return torch.Event(device=_device(device), enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device=None) -> Stream:
@@ -33,7 +55,9 @@ def current_stream(device=None) -> Stream:
 
 def default_stream(device=None) -> Stream:
     d = _device(device)
-    return Stream(stream_id=0, device_index=d.index, device_type=d.type)
+    # torch.Stream takes the device type as its c10 enum value (an int), not "neuron".
+    device_type = torch.accelerator.current_stream(d).device_type
+    return Stream(stream_id=0, device_index=d.index, device_type=device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:
@@ -46,17 +70,22 @@ class StreamContext:
 
     def __init__(self, stream):
         self.stream = stream
-        self.prev = None
+        self.src_prev = self.dst_prev = None
 
     def __enter__(self):
         if self.stream is not None:
-            self.prev = torch.accelerator.current_stream(self.stream.device)
+            # torch.accelerator.set_stream also makes the stream's device
+            # current, so remember the current device's stream too (as
+            # torch.cuda.StreamContext does) and restore it last.
+            self.src_prev = torch.accelerator.current_stream()
+            self.dst_prev = torch.accelerator.current_stream(self.stream.device)
             torch.accelerator.set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *args):
         if self.stream is not None:
-            torch.accelerator.set_stream(self.prev)
+            torch.accelerator.set_stream(self.dst_prev)
+            torch.accelerator.set_stream(self.src_prev)
         return False
 
 

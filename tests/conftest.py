@@ -1,0 +1,54 @@
+"""Shared helpers for the neuron device tests."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+
+def assert_same(neuron_out, cpu_out, **tol):
+    """``neuron_out`` lives on a neuron device and equals the CPU reference:
+    exactly for integer and bool dtypes, within ``tol`` (assert_close's
+    defaults unless given) for floating point."""
+    assert neuron_out.device.type == "neuron", neuron_out.device
+    assert cpu_out.device.type == "cpu", cpu_out.device
+    torch.testing.assert_close(neuron_out.cpu(), cpu_out, **tol)
+
+
+def run_python(code, env=None, check=True):
+    """Runs ``code`` in a fresh interpreter (device configuration is read once
+    per process). ``env`` entries are added to the environment; a value of
+    None removes the variable. Returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "NEURON_RT_HBM_BYTES",
+                "TORCH_NEURONX_DISABLE_FALLBACK", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
+        full_env.pop(key, None)
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def run_json(code, env=None):
+    """Runs ``code``, which must print one JSON document as its last stdout line, and returns it decoded."""
+    proc = run_python(code, env=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(autouse=True)
+def _restore_device_state():
+    """Tests may switch the current device or stream; put both back."""
+    yield
+    torch.neuron.set_device(0)
+    for i in range(torch.neuron.device_count()):
+        torch.accelerator.set_stream(torch.neuron.default_stream(i))
+    torch.neuron.set_device(0)

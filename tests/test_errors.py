@@ -1,0 +1,148 @@
+"""Errors users hit: bad device indices, device mixes, unsupported dtypes, foreign generators."""
+import pytest
+import torch
+
+from conftest import assert_same
+
+SAME_DEVICE = "Expected all tensors to be on the same device"
+
+
+# ---- invalid device index ------------------------------------------------------------------------------------------
+
+def test_factory_on_invalid_index():
+    with pytest.raises(RuntimeError, match=r"Invalid neuron device index 7: there are 2 NeuronCore device\(s\) "
+                                           r"\(valid indices 0..1\)"):
+        torch.ones(1, device="neuron:7")
+    with pytest.raises(RuntimeError, match="Invalid neuron device index 2"):
+        torch.arange(3).to("neuron:2")
+
+
+def test_set_device_invalid_index_keeps_current():
+    with pytest.raises(RuntimeError, match="Invalid neuron device index 7"):
+        torch.neuron.set_device(7)
+    assert torch.neuron.current_device() == 0
+    with pytest.raises(RuntimeError, match="Invalid neuron device index 7"):
+        with torch.neuron.device(7):
+            pass
+    assert torch.neuron.current_device() == 0
+    with pytest.raises(RuntimeError, match="Invalid neuron device index"):
+        torch.accelerator.set_device_index(5)
+    assert torch.accelerator.current_device_index() == 0
+
+
+def test_device_query_on_invalid_index():
+    with pytest.raises(RuntimeError, match="Invalid neuron device index 3"):
+        torch.neuron.get_device_properties(3)
+    with pytest.raises(RuntimeError, match="Invalid neuron device index 3"):
+        torch.neuron.memory_allocated(3)
+    with pytest.raises(RuntimeError, match="Invalid neuron device index 3"):
+        torch.neuron.synchronize(3)
+
+
+# ---- device mixes --------------------------------------------------------------------------------------------------
+
+def test_cpu_and_neuron_mix_raises():
+    x = torch.ones(3, device="neuron")
+    with pytest.raises(RuntimeError, match=f"{SAME_DEVICE}.*neuron:0 and cpu"):
+        x + torch.ones(3)
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.ones(3) * x
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.mm(torch.ones(2, 2, device="neuron"), torch.ones(2, 2))
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.cat([x, torch.ones(2)])
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        x.add_(torch.ones(3))
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        x.index_select(0, torch.tensor([0, 1]))
+    # A failed op leaves its arguments untouched.
+    assert_same(x, torch.ones(3))
+
+
+def test_zero_dim_cpu_tensor_is_a_scalar():
+    x = torch.arange(4.0, device="neuron")
+    out = x * torch.tensor(3.0)
+    assert out.device == x.device
+    assert_same(out, torch.arange(4.0) * 3)
+    assert_same(torch.tensor(2) + torch.arange(3, device="neuron"), torch.arange(3) + 2)
+    assert_same(torch.where(x > 1, x, torch.tensor(-1.0)), torch.tensor([-1.0, -1.0, 2.0, 3.0]))
+    x.add_(torch.tensor(1.0))
+    assert_same(x, torch.arange(4.0) + 1)
+
+
+def test_cpu_index_tensors_may_index_neuron_tensors():
+    x = torch.arange(10, device="neuron") * 10
+    assert_same(x[torch.tensor([1, 3, 9])], torch.tensor([10, 30, 90]))
+    mask = torch.arange(10) % 2 == 0
+    assert_same(x[mask], torch.tensor([0, 20, 40, 60, 80]))
+
+
+def test_neuron0_and_neuron1_mix_raises():
+    a = torch.ones(3, device="neuron:0")
+    b = torch.ones(3, device="neuron:1")
+    with pytest.raises(RuntimeError, match=f"{SAME_DEVICE}.*neuron:0 and neuron:1"):
+        a + b
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.stack([a, b])
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        a + b[0]  # a 0-dim tensor on another neuron device is not a scalar
+    # Explicit copies across devices are fine.
+    assert_same(a + b.to("neuron:0"), torch.full((3,), 2.0))
+
+
+# ---- dtypes --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_dtype_raises_type_error(dtype):
+    with pytest.raises(TypeError, match="neuron devices do not support the dtype Complex"):
+        torch.ones(2, dtype=dtype, device="neuron")
+    with pytest.raises(TypeError, match="do not support the dtype"):
+        torch.ones(2, dtype=dtype).to("neuron")
+    with pytest.raises(TypeError, match="do not support the dtype"):
+        torch.empty_strided((2, 2), (1, 2), dtype=dtype, device="neuron")
+
+
+def test_op_producing_complex_raises_type_error():
+    x = torch.ones(4, 2, device="neuron")
+    with pytest.raises(TypeError, match="do not support the dtype"):
+        torch.polar(x[:, 0], x[:, 1])
+    with pytest.raises(TypeError, match="do not support the dtype"):
+        x.to(torch.complex64)
+
+
+def test_supported_dtypes_work():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
+                  torch.int32, torch.int64, torch.bool):
+        ref = (torch.arange(6) % 3).to(dtype)
+        assert_same(ref.to("neuron"), ref)
+
+
+# ---- generators ----------------------------------------------------------------------------------------------------
+
+def test_cpu_generator_with_neuron_op_raises():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator but found 'cpu'"):
+        torch.rand(3, device="neuron", generator=g)
+    x = torch.empty(5, device="neuron")
+    with pytest.raises(RuntimeError, match="'neuron' device type for generator"):
+        x.normal_(generator=g)
+    with pytest.raises(RuntimeError, match="'neuron' device type for generator"):
+        torch.multinomial(torch.ones(4, device="neuron"), 2, generator=g)
+
+
+def test_neuron_generator_with_cpu_op_raises():
+    g = torch.Generator(device="neuron")
+    with pytest.raises(RuntimeError, match="generator"):
+        torch.multinomial(torch.ones(4), 2, generator=g)  # today: returns a tensor on neuron:0
+    with pytest.raises(RuntimeError, match="generator"):
+        torch.rand(3, generator=g)  # today: a CPU tensor drawn from the neuron generator
+
+
+# ---- out of memory -------------------------------------------------------------------------------------------------
+
+def test_oom_is_a_runtime_error_subclass():
+    with pytest.raises(torch.OutOfMemoryError, match="neuron out of memory"):
+        torch.empty(2**36, dtype=torch.uint8, device="neuron:1")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        torch.empty(2**36, dtype=torch.uint8, device="neuron:1")
+    assert (torch.ones(2, device="neuron:1") * 2).sum().item() == 4.0

@@ -1,0 +1,128 @@
+"""The device kernel table and the counted host fallback for ops outside it."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_neuronx
+
+from conftest import assert_same, run_json
+
+# aten::channel_shuffle and aten::_compute_linear_combination have CPU kernels but are outside the
+# kernel table (csrc/aten/HostOps.cpp), so on neuron they run through the fallback.
+FALLBACK_OP = "aten::channel_shuffle"
+
+
+def _fallback_warnings(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in caught if "has no neuron kernel" in str(w.message)]
+
+
+def test_supported_ops_table():
+    ops = torch_neuronx.supported_ops()
+    assert isinstance(ops, tuple) and len(ops) > 500
+    assert list(ops) == sorted(ops) and len(set(ops)) == len(ops)
+    for op in ("add.Tensor", "add_.Tensor", "add.out", "mm", "mm.out", "_fused_adamw_", "native_dropout",
+               "bernoulli_.float", "index.Tensor"):
+        assert op in ops, op
+    assert not any(op.startswith("aten::") for op in ops)
+    for outside in ("channel_shuffle", "_compute_linear_combination", "empty.memory_format", "view"):
+        assert outside not in ops, outside
+
+
+def test_table_ops_do_not_use_fallback():
+    torch_neuronx.reset_fallback_report()
+    a = torch.randn(4, 5)
+    b = torch.randn(5, 3)
+    out, warned = _fallback_warnings(lambda: (a.neuron() @ b.neuron()).relu().sum(0))
+    assert_same(out, (a @ b).relu().sum(0))
+    assert warned == []
+    assert torch_neuronx.fallback_report() == {}
+
+
+def test_fallback_counts_warns_once_and_matches_cpu():
+    x = torch.randn(2, 6, 3, 3)
+    torch_neuronx.reset_fallback_report()
+    assert torch_neuronx.fallback_report() == {}
+    first, warned = _fallback_warnings(lambda: F.channel_shuffle(x.neuron(), 3))
+    assert len(warned) == 1
+    assert FALLBACK_OP in str(warned[0].message) and "fallback_report" in str(warned[0].message)
+    assert torch_neuronx.fallback_report() == {FALLBACK_OP: 1}
+    assert first.device == torch.device("neuron", 0)
+    assert_same(first, F.channel_shuffle(x, 3), rtol=0, atol=0)
+    second, warned = _fallback_warnings(lambda: torch.channel_shuffle(x.neuron(), 2))
+    assert warned == []  # warns once per op
+    assert torch_neuronx.fallback_report() == {FALLBACK_OP: 2}
+    assert_same(second, torch.channel_shuffle(x, 2), rtol=0, atol=0)
+    # The report is a copy.
+    report = torch_neuronx.fallback_report()
+    report.clear()
+    assert torch_neuronx.fallback_report() == {FALLBACK_OP: 2}
+    # Resetting clears the counts, and the next use warns again.
+    torch_neuronx.reset_fallback_report()
+    assert torch_neuronx.fallback_report() == {}
+    _, warned = _fallback_warnings(lambda: F.channel_shuffle(x.neuron(), 3))
+    assert len(warned) == 1
+
+
+def test_fallback_on_second_device_and_integers():
+    x = torch.arange(2 * 4 * 2 * 2).reshape(2, 4, 2, 2)
+    torch_neuronx.reset_fallback_report()
+    out, _ = _fallback_warnings(lambda: F.channel_shuffle(x.to("neuron:1"), 2))
+    assert out.device == torch.device("neuron", 1)
+    assert_same(out, F.channel_shuffle(x, 2))
+    assert torch_neuronx.fallback_report() == {FALLBACK_OP: 1}
+
+
+def test_second_fallback_op_matches_cpu():
+    coeffs = torch.randn(2, 3)
+    xs = torch.randn(3, 4)
+    torch_neuronx.reset_fallback_report()
+    out, warned = _fallback_warnings(lambda: torch._compute_linear_combination(xs.neuron(), coeffs.neuron()))
+    assert len(warned) == 1
+    assert torch_neuronx.fallback_report() == {"aten::_compute_linear_combination": 1}
+    assert_same(out, torch._compute_linear_combination(xs, coeffs))
+
+
+def test_fallback_op_in_autograd():
+    x = torch.randn(2, 6, 2, 2)
+    w = torch.arange(6.0).view(1, 6, 1, 1)
+    xc = x.clone().requires_grad_()
+    (F.channel_shuffle(xc, 3) * w).sum().backward()
+    xn = x.neuron().requires_grad_()
+    torch_neuronx.reset_fallback_report()
+    _, _ = _fallback_warnings(lambda: (F.channel_shuffle(xn, 3) * w.neuron()).sum().backward())
+    assert xn.grad.device.type == "neuron"
+    assert_same(xn.grad, xc.grad, rtol=0, atol=0)
+    assert torch_neuronx.fallback_report()[FALLBACK_OP] >= 2  # forward and backward
+
+
+def test_fallback_mixing_devices_still_raises():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        _fallback_warnings(lambda: torch._compute_linear_combination(torch.ones(3, 4, device="neuron"),
+                                                                     torch.ones(2, 3)))
+
+
+def test_disable_fallback_env():
+    out = run_json("""
+        import json, torch, torch_neuronx
+        import torch.nn.functional as F
+        res = {}
+        try:
+            F.channel_shuffle(torch.ones(1, 4, 2, 2, device="neuron"), 2)
+        except NotImplementedError as e:
+            res["error"] = str(e)
+        res["report"] = torch_neuronx.fallback_report()
+        # Ops in the kernel table still run.
+        res["table_op"] = (torch.arange(4, device="neuron") * 3).cpu().tolist()
+        # The CPU op is unaffected.
+        res["cpu_op"] = F.channel_shuffle(torch.arange(4.0).view(1, 4, 1, 1), 2).flatten().tolist()
+        print(json.dumps(res))
+    """, env={"TORCH_NEURONX_DISABLE_FALLBACK": "1"})
+    assert "aten::channel_shuffle" in out["error"]
+    assert "TORCH_NEURONX_DISABLE_FALLBACK=1" in out["error"]
+    assert out["report"] == {}
+    assert out["table_op"] == [0, 3, 6, 9]
+    assert out["cpu_op"] == [0.0, 2.0, 1.0, 3.0]
