@@ -152,3 +152,29 @@ def test_compiled_optimizer_step():
         opt_cpu.step()
     for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
         torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_cpp_wrapper_forward_backward():
+    torch._dynamo.reset()
+    cpu, dev = _pair(MLP)
+    x = torch.randn(8, 16)
+    out = torch.compile(dev, options={"cpp_wrapper": True})(x.to(DEV))
+    ref = cpu(x)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(dev.a.weight.grad.cpu(), cpu.a.weight.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_default_inductor_training_with_reductions():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    dev = copy.deepcopy(cpu).to(DEV)
+    x = torch.randn(8, 8)
+    out = torch.compile(dev)(x.to(DEV))
+    ref = cpu(x)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    out.softmax(-1).sum().backward()
+    ref.softmax(-1).sum().backward()
+    torch.testing.assert_close(dev[0].weight.grad.cpu(), cpu[0].weight.grad, rtol=1e-4, atol=1e-5)

@@ -33,7 +33,7 @@ def _wrap(module) -> None:
 
     @functools.wraps(original)
     def compile_fx(model_, example_inputs_, *args, **kwargs):
-        if not args and set(kwargs) <= {"config_patches"} and _has_neuron_tensor(example_inputs_):
+        if not args and set(kwargs) <= {"config_patches", "compile_region_name"} and _has_neuron_tensor(example_inputs_):
             from ._dynamo import neuron_backend
 
             return neuron_backend(model_, example_inputs_, options=kwargs.get("config_patches"))
