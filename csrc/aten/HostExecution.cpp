@@ -399,7 +399,9 @@ bool fallback_disabled() {
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
-  std::string key = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+  // Same spelling as torch_neuronx.supported_ops(): "add.Tensor", "mm".
+  std::string base = name.name.rfind("aten::", 0) == 0 ? name.name.substr(6) : name.name;
+  std::string key = name.overload_name.empty() ? base : base + "." + name.overload_name;
   TORCH_CHECK_NOT_IMPLEMENTED(!fallback_disabled(), "The operator '", key,
                               "' has no neuron kernel, and TORCH_NEURONX_DISABLE_FALLBACK=1 forbids the host "
                               "fallback.");
