@@ -35,7 +35,10 @@ class CMakeBuild(build_ext):
         built = next(build_dir.glob("_C*.so"))
         dest = Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(built, dest)
+        # Replace by rename: processes that have the old library mapped keep it.
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.copy2(built, tmp)
+        os.replace(tmp, dest)
 
 
 setup(ext_modules=[CMakeExtension("torch_neuronx._C")], cmdclass={"build_ext": CMakeBuild})

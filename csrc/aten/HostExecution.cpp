@@ -52,6 +52,7 @@ class HostCall {
 
   void note_device(c10::Device d) {
     if (d.type() != kNeuron) return;
+    if (!d.has_index()) d = device_of_index(current_device());  // device="neuron"
     if (!device_) {
       device_ = d;
     } else if (*device_ != d) {
