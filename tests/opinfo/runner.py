@@ -52,7 +52,7 @@ import time
 import traceback
 import warnings
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 STATUSES = ("pass", "fail", "error", "crash", "reference_error", "skipped")
@@ -99,6 +99,24 @@ RANDOM_SAMPLE_PREDICATES = {
     "nn.functional.scaled_dot_product_attention": _sdpa_random,
     "nn.functional.multi_head_attention_forward": _mha_random,
 }
+
+# Ops that address the raw storage of their input (offset/strides relative to
+# the storage, not to the view).  For these, the whole storage is copied to D
+# and the view re-created with the same size/stride/storage_offset, instead of
+# a plain ``.to(D)`` (which would compact a partial view and change meaning).
+STORAGE_OPS = ("as_strided", "as_strided_copy", "as_strided_scatter")
+
+# Arguments that must stay on CPU by design (PyTorch requires it on every
+# accelerator): op name -> positions in ``sample.args`` / names in kwargs.
+CPU_ARGS: Dict[str, Tuple[Any, ...]] = {
+    "tensor_split": (0, "tensor_indices_or_sections"),  # indices tensor
+}
+
+# Ops that go through complex intermediates although input and output are
+# real (e.g. irfft/hfft build a complex half-spectrum); complex dtypes are out
+# of scope, so they are skipped like complex samples unless --include-complex.
+COMPLEX_INTERNAL_OPS = ("fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft",
+                        "fft.hfft2", "fft.hfftn", "stft", "istft")
 
 # Ops whose tensor outputs are on CPU by design even when the inputs are on
 # device D.  (None in op_db today once device arguments are rewritten; kept as
@@ -166,8 +184,11 @@ TRANSFORMER_OPS = (
     "arange", "zeros_like", "ones_like", "full", "repeat",
 )
 
+# "missing kernel" errors: the dispatcher's, and torch_neuronx's own when the
+# host fallback is disabled (TORCH_NEURONX_DISABLE_FALLBACK=1).
 _MISSING_KERNEL_RE = re.compile(
-    r"Could not run '([^']+)' with arguments from the '([^']+)' backend")
+    r"Could not run '([^']+)' with arguments from the '[^']+' backend"
+    r"|The operator '([^']+)' has no neuron kernel")
 
 
 # ---------------------------------------------------------------------------
@@ -365,7 +386,7 @@ class GroupRunner:
             return type(obj)((k, self._map(v, fn_tensor, fn_other, memo)) for k, v in obj.items())
         return fn_other(obj)
 
-    def _to_device(self, s):
+    def _to_device(self, s, storage_exact=False, keep_cpu=()):
         """Copy of the sample with every tensor copied to D and device
         arguments (torch.device('cpu') / 'cpu') rewritten to D."""
         torch = self.torch
@@ -374,6 +395,16 @@ class GroupRunner:
 
         def ft(t):
             touched[0] = True
+            if storage_exact and t.layout == torch.strided:
+                # Copy the whole storage and re-create the view, so ops that
+                # address raw storage (as_strided on a partial view) see the
+                # same memory as on CPU.
+                n = t.untyped_storage().nbytes() // t.element_size()
+                flat = torch.empty(0, dtype=t.dtype).set_(
+                    t.untyped_storage(), 0, (n,), (1,))
+                out = flat.to(dev, copy=True).as_strided(
+                    t.size(), t.stride(), t.storage_offset())
+                return out
             out = t.detach().to(dev, copy=True)
             if t.requires_grad:
                 out.requires_grad_(True)
@@ -392,6 +423,13 @@ class GroupRunner:
         inp = self._map(s.input, ft, fo, memo)
         args = self._map(s.args, ft, fo, memo)
         kwargs = self._map(s.kwargs, ft, fo, memo)
+        if keep_cpu:
+            def cpu_copy(x):
+                return x.clone() if isinstance(x, torch.Tensor) else x
+            args = tuple(cpu_copy(s.args[i]) if i in keep_cpu and i < len(s.args) else a
+                         for i, a in enumerate(args))
+            kwargs = {k: cpu_copy(s.kwargs[k]) if k in keep_cpu else v
+                      for k, v in kwargs.items()}
         return inp, args, kwargs, touched[0]
 
     def _describe(self, s, n=240) -> str:
@@ -449,6 +487,8 @@ class GroupRunner:
                 r, d = r.to_dense(), d.to_dense()
             r = r.resolve_conj().resolve_neg()
             d = d.resolve_conj().resolve_neg()
+            if torch.equal(d, r):          # fast path (bitwise-equal, no NaNs)
+                return
             if r.is_floating_point() or r.is_complex():
                 rtol, atol = self._tol(r.dtype, ctx["klass"])
                 try:
@@ -459,15 +499,14 @@ class GroupRunner:
                 except AssertionError as e:
                     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
                     msgs.append("%s: %s" % (path, _short(" | ".join(lines[1:4]) or str(e), 260)))
-            else:
-                if not torch.equal(d, r):
-                    ne = (d != r)
-                    n_bad = int(ne.sum())
-                    idx = tuple(int(v) for v in ne.nonzero()[0]) if n_bad else ()
-                    msgs.append("%s: %d/%d elements differ (exact %s), first at %s: %s vs ref %s"
-                                % (path, n_bad, r.numel(), str(r.dtype).replace("torch.", ""),
-                                   idx, d[idx].item() if n_bad else "?",
-                                   r[idx].item() if n_bad else "?"))
+            else:                          # integer / bool: exact
+                ne = (d != r)
+                n_bad = int(ne.sum())
+                idx = tuple(int(v) for v in ne.nonzero()[0]) if n_bad else ()
+                msgs.append("%s: %d/%d elements differ (exact %s), first at %s: %s vs ref %s"
+                            % (path, n_bad, r.numel(), str(r.dtype).replace("torch.", ""),
+                               idx, d[idx].item() if n_bad else "?",
+                               r[idx].item() if n_bad else "?"))
             return
         if isinstance(dev, torch.Tensor):
             msgs.append("%s: expected %s, got Tensor" % (path, type(ref).__name__))
@@ -491,6 +530,8 @@ class GroupRunner:
                 return
             for k in ref:
                 self._compare(ref[k], dev[k], "%s[%r]" % (path, k), ctx, msgs)
+            return
+        if ctx.get("tensors_only"):      # inputs: non-tensor args were rewritten
             return
         if ctx["meta_only"]:
             if type(ref) is not type(dev):
@@ -575,6 +616,8 @@ class GroupRunner:
     def _run_sample(self, op, fn, call, dtype, s, seed) -> Dict[str, Any]:
         torch = self.torch
         reason = self._unsupported_reason(s)
+        if not reason and not self.cfg.include_complex and op.name in COMPLEX_INTERNAL_OPS:
+            reason = "complex intermediate"
         if reason:
             return dict(status="skipped", msg=reason)
 
@@ -589,7 +632,9 @@ class GroupRunner:
         # 1. device copy of the pristine sample (before the reference may mutate it)
         move_exc = None
         try:
-            d_in, d_args, d_kwargs, touched = self._to_device(s)
+            d_in, d_args, d_kwargs, touched = self._to_device(
+                s, storage_exact=_matches_any(op.name, STORAGE_OPS),
+                keep_cpu=CPU_ARGS.get(op.name, ()))
         except Exception as e:  # noqa: BLE001
             move_exc = e
 
@@ -638,7 +683,7 @@ class GroupRunner:
             if self.cfg.check_inputs and meta is None:
                 # Inputs may be mutated (in-place ops, out=, running stats):
                 # the device-side inputs must end up equal to the CPU ones.
-                ictx = dict(ctx, expected_device=None)
+                ictx = dict(ctx, expected_device=None, tensors_only=True)
                 self._compare(s.input, d_in, "input", ictx, msgs)
                 self._compare(list(s.args), list(d_args), "args", ictx, msgs)
                 self._compare(dict(s.kwargs), dict(d_kwargs), "kwargs", ictx, msgs)
@@ -679,6 +724,9 @@ def _worker_main(conn, cfg_dict: Dict[str, Any], num_threads: int) -> None:
         for kind, payload in runner.run_group(op_idx, call, dtype_name, start):
             conn.send((kind, tid, payload))
         conn.send(("done", tid, None))
+
+
+STARTUP_TIMEOUT = 300.0   # importing torch + op_db (+ backend) in a worker
 
 
 class _Slot:
@@ -825,11 +873,12 @@ def _run_isolated(cfg: RunConfig, op_db, tasks, records: List[Dict[str, Any]],
                         code, ", signal %d" % -code if code is not None and code < 0 else "")
                     s.task = task
                     handle_crash(s, why)
-                elif now - s.last > cfg.timeout:
+                elif not s.ready and now - s.started > max(cfg.timeout, STARTUP_TIMEOUT):
+                    kill(s)
+                    return "worker start-up timed out after %.0fs" % (now - s.started)
+                elif s.task is not None and now - s.last > cfg.timeout:
                     task = s.task
                     kill(s)
-                    if task is None:
-                        return "worker start-up timed out after %.0fs" % cfg.timeout
                     s.task = task
                     handle_crash(s, "timeout: no progress for %.0fs" % cfg.timeout)
     finally:
@@ -892,7 +941,7 @@ def build_report(cfg: RunConfig, records, tasks, op_db, duration, fatal) -> Dict
                 e["messages"].append("[%s #%d] %s" % (r["dtype"], r["sample_idx"], r.get("msg", "")))
             m = _MISSING_KERNEL_RE.search(r.get("msg", ""))
             if m:
-                missing[m.group(1)] += 1
+                missing[m.group(1) or m.group(2)] += 1
         if r["status"] == "skipped":
             skip_reasons[r.get("msg", "")] += 1
         pd = per_dtype.setdefault(r["dtype"], collections.Counter())
@@ -964,7 +1013,7 @@ def render_markdown(report: Dict[str, Any], max_rows: int = 400) -> str:
             L.append("- `%s` %s sample %d: %s" % (op_key(r["op"], r["variant"], r["call"]),
                                                   r["dtype"], r["sample_idx"], r.get("msg", "")))
     if report["missing_kernels"]:
-        L += ["", "## Missing kernels (from 'Could not run ...' errors)", "",
+        L += ["", "## Missing kernels (from 'Could not run ...' / 'has no neuron kernel' errors)", "",
               "| kernel | samples |", "|---|---|"]
         for k, n in list(report["missing_kernels"].items())[:100]:
             L.append("| `%s` | %d |" % (k, n))
@@ -986,11 +1035,24 @@ def render_markdown(report: Dict[str, Any], max_rows: int = 400) -> str:
 # Entry points
 # ---------------------------------------------------------------------------
 
+def _maybe_disable_backend_autoload(device: str) -> None:
+    """torch >= 2.5 auto-imports every installed out-of-tree backend that
+    declares a ``torch.backends`` entry point (torch_neuronx does) on
+    ``import torch``.  For a CPU self-check that is pure risk (e.g. its _C.so
+    being rebuilt in place under a running process crashes it), so it is
+    disabled unless the user set TORCH_DEVICE_BACKEND_AUTOLOAD explicitly.
+    Must run before ``import torch`` to affect this process; spawn'ed workers
+    inherit it either way."""
+    if device.split(":")[0] == "cpu":
+        os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+
 def run(cfg: RunConfig, log=None) -> Dict[str, Any]:
     """Run the suite; returns the report dict (see build_report)."""
     if log is None:
         def log(msg):
             print(msg, file=sys.stderr, flush=True)
+    _maybe_disable_backend_autoload(cfg.device)
     warnings.filterwarnings("ignore")
     import torch  # noqa: F401
     from torch.testing._internal.common_methods_invocations import op_db
@@ -1049,18 +1111,24 @@ def _parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = _parse_args(argv)
+    _maybe_disable_backend_autoload(a.device)
     ops = a.ops
     if ops:
         ops = ops.replace("@transformer", ",".join(TRANSFORMER_OPS))
     exclude = a.exclude_ops
     if exclude:
         exclude = exclude.replace("@transformer", ",".join(TRANSFORMER_OPS))
+    dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    import torch
+    for d in dtypes:
+        if not isinstance(getattr(torch, d, None), torch.dtype):
+            raise SystemExit("unknown dtype %r" % d)
     calls = [c.strip() for c in a.calls.split(",") if c.strip()]
     for c in calls:
         if c not in CALL_VARIANTS:
             raise SystemExit("unknown call variant %r (choose from %s)" % (c, CALL_VARIANTS))
     cfg = RunConfig(
-        device=a.device, dtypes=[d.strip() for d in a.dtypes.split(",") if d.strip()],
+        device=a.device, dtypes=dtypes,
         ops=ops, exclude_ops=exclude, max_samples=a.max_samples_per_op, jobs=a.jobs,
         isolate=not a.no_isolate, timeout=a.timeout, calls=calls,
         include_complex=a.include_complex, tol_scale=a.tol_scale, imports=a.imports,
