@@ -39,10 +39,11 @@ constexpr std::string_view kOps[] = {
     "sum", "nansum", "mean", "prod", "amax", "amin", "max", "min", "aminmax", "_aminmax", "argmax", "argmin", "all",
     "any", "std", "var", "std_mean", "var_mean", "norm", "linalg_vector_norm", "logsumexp", "cumsum", "cumprod",
     "_cummax_helper", "_cummin_helper", "_logcumsumexp", "median", "nanmedian", "mode", "kthvalue", "topk", "sort",
-    "count_nonzero", "bincount", "histc", "histogram", "searchsorted", "bucketize", "_unique", "_unique2",
+    "count_nonzero", "bincount", "histc", "histogram", "_histogramdd_bin_edges", "_histogramdd_from_bin_cts",
+    "_histogramdd_from_bin_tensors", "hash_tensor", "searchsorted", "bucketize", "_unique", "_unique2",
     "unique_consecutive", "unique_dim", "unique_dim_consecutive", "isin", "equal", "dist", "renorm",
     // linear algebra
-    "mm", "bmm", "addmm", "_addmm_activation", "addbmm", "baddbmm", "addmv", "mv", "dot", "addr", "tril", "triu",
+    "mm", "bmm", "addmm", "_addmm_activation", "addbmm", "baddbmm", "addmv", "mv", "dot", "vdot", "addr", "tril", "triu",
     "trace", "linalg_cross", "_cdist_forward", "_cdist_backward", "_pdist_forward", "_pdist_backward",
     "triangular_solve", "cholesky", "cholesky_inverse", "_cholesky_solve_helper", "lu_unpack", "geqrf", "ormqr",
     // normalization, softmax, losses, embeddings
@@ -63,7 +64,8 @@ constexpr std::string_view kOps[] = {
     "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d", "avg_pool3d_backward",
     "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d", "_adaptive_avg_pool3d_backward",
     "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "adaptive_max_pool3d", "adaptive_max_pool3d_backward",
-    "fractional_max_pool2d", "fractional_max_pool2d_backward", "max_unpool2d", "max_unpool3d",
+    "fractional_max_pool2d", "fractional_max_pool2d_backward", "fractional_max_pool3d",
+    "fractional_max_pool3d_backward", "max_unpool2d", "max_unpool3d",
     "reflection_pad1d", "reflection_pad1d_backward", "reflection_pad2d", "reflection_pad2d_backward",
     "reflection_pad3d", "reflection_pad3d_backward", "replication_pad1d", "replication_pad1d_backward",
     "replication_pad2d", "replication_pad2d_backward", "replication_pad3d", "replication_pad3d_backward",
