@@ -139,6 +139,9 @@ def run_generate(model, ids, mask, pad, variant: str, device: str, args) -> dict
     import torch
 
     dev = torch.device(device)
+    # generate() fills unset (None) fields of the passed config from model.generation_config,
+    # so EOS must be cleared on the model too, otherwise rows stop early and get padded.
+    model.generation_config.eos_token_id = None
     gc = copy.deepcopy(model.generation_config)
     gc.update(
         max_new_tokens=args.max_new_tokens,
@@ -178,6 +181,7 @@ def run_generate(model, ids, mask, pad, variant: str, device: str, args) -> dict
         "logits": [t.detach().to("cpu", torch.float32) for t in logits],
         "devices": sorted(devices),
         "compiled": hasattr(model, "_compiled_call"),
+        "cache": type(getattr(out, "past_key_values", None)).__name__,
         "seconds": dt,
     }
 
@@ -260,7 +264,9 @@ def _merge_counts(acc: dict, new: Any) -> dict:
     return acc
 
 
-def worker(arch: str, args) -> dict:
+def worker(arch: str, args, checkpoint=lambda result: None) -> dict:
+    """Run all variants for one architecture. ``checkpoint(result)`` is called with the
+    partial result before every risky step so that a hard crash keeps what finished."""
     t_start = time.perf_counter()
     result: dict[str, Any] = {"arch": arch, "rank": rank(arch), "variants": {}, "verdict": None, "reason": ""}
     import torch
@@ -321,6 +327,8 @@ def worker(arch: str, args) -> dict:
     for variant in args.variants:
         v: dict[str, Any] = {}
         result["variants"][variant] = v
+        result["running"] = variant
+        checkpoint(result)
         ref, ref_err = reference(variant)
         if ref is None:
             v.update(status=NA_REF, reason=f"cpu reference failed: {ref_err}")
@@ -348,7 +356,10 @@ def worker(arch: str, args) -> dict:
             continue
         v["target_seconds"] = tgt["seconds"]
         v["compiled"] = tgt["compiled"]
+        v["cache"] = tgt["cache"]
         v.update(compare(ref, tgt, device_type, args.atol, args.rtol))
+        if variant != "eager" and "Static" not in tgt["cache"] and v["status"] == PASS:
+            v["reason"] = (v["reason"] + "; " if v["reason"] else "") + f"model used {tgt['cache']}, not a static cache"
         if variant == "compiled" and not tgt["compiled"] and v["status"] == PASS:
             v.update(status=NOT_COMPILED, reason="generate() did not compile the decode step (ran eager)")
         v["tokens"] = tgt["sequences"][:, ids.shape[1]:].tolist()
@@ -356,7 +367,9 @@ def worker(arch: str, args) -> dict:
     if report_fb:
         result["fallback_ops"] = dict(sorted(fb_total.items(), key=lambda kv: -kv[1]))
         result["fallback_total"] = sum(fb_total.values())
+        result["fallback_distinct"] = len(fb_total)
 
+    result.pop("running", None)
     statuses = [v["status"] for v in result["variants"].values()]
     valid = [s for s in statuses if s not in (NA_REF, NOT_COMPILED)]
     if not valid:
@@ -393,37 +406,59 @@ def _run_one(arch: str, args, log_dir: str, threads: int) -> dict:
         TRANSFORMERS_OFFLINE="1",
         TRANSFORMERS_VERBOSITY="error",
         PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",  # Python stack of a segfaulting worker ends up in its log
     )
+    if args.device.split(":")[0] == "cpu":
+        # Pure cpu self-check: do not auto-load out-of-tree device backends (torch_neuronx
+        # registers one); the harness must be testable while the backend is being built.
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     t0 = time.perf_counter()
+    timed_out = False
     with open(log_file, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 cwd=os.getcwd())
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
+            timed_out = True
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the worker's own process group
             except ProcessLookupError:
                 pass
-            proc.wait()
-            return {"arch": arch, "rank": rank(arch), "verdict": TIMEOUT, "variants": {},
-                    "reason": f"exceeded {args.timeout:.0f}s", "seconds": time.perf_counter() - t0, "log": log_file}
+            rc = proc.wait()
     elapsed = time.perf_counter() - t0
-    if os.path.exists(res_file):
+    if not timed_out and os.path.exists(res_file):
         with open(res_file) as f:
             res = json.load(f)
-        res["seconds"] = elapsed
-        res["log"] = log_file
+        res.update(seconds=elapsed, log=log_file)
         return res
-    tail = ""
+    # TIMEOUT or CRASH: keep the variants that finished before the worker died.
+    res: dict[str, Any] = {"arch": arch, "rank": rank(arch), "variants": {}}
+    where = ""
     try:
-        with open(log_file, errors="replace") as f:
-            lines = [ln.rstrip() for ln in f.readlines() if ln.strip()]
-        tail = " | ".join(lines[-3:])[-400:]
-    except OSError:
+        with open(res_file + ".partial") as f:
+            res = json.load(f)
+        running = res.pop("running", None)
+        res.pop("partial", None)
+        if running:
+            what = f"timed out after {args.timeout:.0f}s" if timed_out else f"worker crashed (exit code {rc})"
+            res["variants"][running] = {"status": FAIL, "reason": what}
+            where = f" during variant {running}"
+    except (OSError, ValueError):
         pass
-    return {"arch": arch, "rank": rank(arch), "verdict": CRASH, "variants": {},
-            "reason": f"worker exited with code {rc} without a result: {tail}", "seconds": elapsed, "log": log_file}
+    if timed_out:
+        res.update(verdict=TIMEOUT, reason=f"exceeded {args.timeout:.0f}s{where}")
+    else:
+        tail = ""
+        try:
+            with open(log_file, errors="replace") as f:
+                lines = [ln.rstrip() for ln in f.readlines() if ln.strip()]
+            tail = " | ".join(lines[-3:])[-400:]
+        except OSError:
+            pass
+        res.update(verdict=CRASH, reason=f"worker exited with code {rc}{where} without a result" + (f": {tail}" if tail else ""))
+    res.update(seconds=elapsed, log=log_file)
+    return res
 
 
 def _forward_args(args) -> list[str]:
@@ -503,12 +538,34 @@ def render_markdown(results: list[dict], summary: dict, meta: dict, args) -> str
         diffs = [vs[v]["max_abs_diff"] for v in args.variants if v in vs and vs[v].get("max_abs_diff") is not None]
         params = f"{r['n_params'] / 1e6:.2f}M" if r.get("n_params") else "-"
         fb = r.get("fallback_total")
-        fb_s = "-" if fb is None else str(fb)
+        fb_s = "-" if fb is None else f"{r.get('fallback_distinct', 0)} ops / {fb} calls"
         note = (r.get("reason") or "").replace("|", "\\|").replace("\n", " ")[:220]
         L.append(f"| {r.get('rank') or '-'} | {r['arch']} | {params} | {r['verdict']} | " + " | ".join(cells)
                  + f" | {_fmt_diff(max(diffs) if diffs else None)} | {fb_s} | {r.get('seconds', 0):.0f} | {note} |")
     L.append("")
+    # Aggregate CPU-fallback ops (target device only): which ops block the most architectures.
+    by_op: dict[str, list] = {}
+    for r in results:
+        for op, c in (r.get("fallback_ops") or {}).items():
+            by_op.setdefault(op, []).append((r["arch"], c))
+    if by_op:
+        L.append("## CPU-fallback ops (by number of architectures)\n")
+        L.append("| op | architectures | calls | examples |\n|---|---|---|---|")
+        for op, lst in sorted(by_op.items(), key=lambda kv: (-len(kv[1]), -sum(c for _, c in kv[1])))[:40]:
+            L.append(f"| `{op}` | {len(lst)} | {sum(c for _, c in lst)} | {', '.join(a for a, _ in lst[:6])} |")
+        L.append("")
     return "\n".join(L)
+
+
+def _dist_version(name: str) -> str:
+    # importlib.metadata: the parent never imports torch (a half-built backend that torch
+    # auto-loads must not take the harness down; workers report such failures per arch).
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return "unknown"
 
 
 def parse_args(argv=None):
@@ -552,8 +609,12 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
+        def checkpoint(partial: dict) -> None:
+            with open(args.result_file + ".partial", "w") as f:
+                json.dump({**partial, "partial": True}, f, indent=1, default=str)
+
         try:
-            res = worker(args.worker, args)
+            res = worker(args.worker, args, checkpoint)
         except BaseException as e:  # noqa: BLE001 - report, then exit non-zero
             res = {"arch": args.worker, "rank": rank(args.worker), "verdict": CRASH, "variants": {},
                    "reason": f"worker exception: {_short(e)}", "traceback": traceback.format_exc()[-3000:]}
@@ -588,14 +649,11 @@ def main(argv=None) -> int:
     bar.close()
     wall = time.perf_counter() - t0
 
-    import torch
-    import transformers
-
     meta = {
         "device": args.device,
         "reference_device": "cpu",
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
+        "transformers": _dist_version("transformers"),
+        "torch": _dist_version("torch"),
         "python": platform.python_version(),
         "started": started,
         "wall_seconds": wall,

@@ -109,55 +109,68 @@ def _moe_end(v, orig, ctx):
     return ctx["num_layers"] - 1
 
 
-_SIZE_GROUPS: dict[Callable, tuple[str, ...]] = {
-    _const(HIDDEN): ("hidden_size", "n_embd", "n_embed", "d_model", "word_embed_proj_dim", "lru_width"),
-    _const(HEADS): ("num_attention_heads", "n_head", "n_heads", "index_n_heads", "linear_num_heads", "linear_num_key_heads"),
-    _kv_heads: ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "kv_n_heads", "num_global_key_value_heads"),
-    _linear_value_heads: ("linear_num_value_heads",),
-    _const(HEAD_DIM): (
-        "head_dim", "kv_channels", "attention_head_dim", "index_head_dim", "linear_key_head_dim",
-        "linear_value_head_dim", "linear_head_dim", "query_pre_attn_scalar", "qk_nope_head_dim", "v_head_dim",
-    ),
-    _const(INTERMEDIATE): (
-        "intermediate_size", "ffn_dim", "dff", "n_inner", "ffn_hidden_size", "intermediate_size_mlp", "d_ff",
-    ),
-    _const(MOE_INTERMEDIATE): (
-        "moe_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
-        "expert_ffn_hidden_size", "shared_intermediate_size", "moe_latent_size",
-    ),
-    _const(VOCAB): ("vocab_size", "vocab_size_per_layer_input"),
-    _const(MAX_POS): ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "context_length"),
-    _const(ORIG_MAX_POS): ("original_max_position_embeddings",),
-    _cap(EXPERTS): ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
-    _cap(TOP_K): ("num_experts_per_tok", "top_k_experts", "moe_k", "moe_top_k", "num_experts_per_token", "moe_topk"),
-    _cap(1): (
-        "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "topk_group",
-        "first_k_dense_replace", "num_dense_layers", "moe_layer_start_index",
-    ),
-    _cap(2): ("n_group", "n_groups", "mamba_n_groups", "zero_expert_num"),
-    _const(0): ("num_nextn_predict_layers", "num_mtp_layers", "num_kv_shared_layers"),
-    _const(LORA_RANK): ("kv_lora_rank", "q_lora_rank"),
-    _const(8): ("qk_rope_head_dim", "rotary_dim", "time_step_rank", "mamba_dt_rank", "adapter_rank", "laurel_rank", "index_topk"),
-    _const(HEAD_DIM + 8): ("qk_head_dim",),
-    _const(SLIDING_WINDOW): (
-        "sliding_window", "attention_chunk_size", "window_size", "attention_window_size", "local_window_size",
-    ),
-    _const(SSM_STATE): ("state_size", "ssm_state_size", "mamba_d_state", "d_state"),
-    _const(SSM_HEADS): ("mamba_n_heads", "mamba_num_heads"),
-    _const(SSM_HEAD_DIM): ("mamba_d_head", "mamba_head_dim", "hidden_size_per_layer_input"),
-    _const(SSM_CHUNK): ("chunk_size", "mamba_chunk_size", "block_size"),
-    _const(SSM_HEADS * SSM_HEAD_DIM): ("mamba_d_ssm",),
-    _hidden_multiple(2.0): ("attention_hidden_size",),
-    _cap(2): ("sliding_window_pattern", "_sliding_window_pattern", "global_attn_every_n_layers",
-              "no_rope_layer_interval", "attn_layer_period", "expert_layer_period", "interleave_moe_layer_step"),
-    _offset: ("attn_layer_offset", "expert_layer_offset"),
-    _moe_end: ("moe_layer_end_index",),
-}
-_RULES: dict[str, Callable] = {name: rule for rule, names in _SIZE_GROUPS.items() for name in names}
+_SIZE_GROUPS: list[tuple[Callable, tuple[str, ...]]] = [
+    # model width / attention shape
+    (_const(HIDDEN), ("hidden_size", "n_embd", "n_embed", "d_model", "word_embed_proj_dim", "lru_width")),
+    (_const(HEADS), ("num_attention_heads", "n_head", "n_heads", "index_n_heads", "linear_num_heads")),
+    (_kv_heads, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "kv_n_heads",
+                 "num_global_key_value_heads")),
+    (_const(HEAD_DIM), ("head_dim", "kv_channels", "attention_head_dim", "index_head_dim", "linear_key_head_dim",
+                        "linear_value_head_dim", "linear_head_dim", "query_pre_attn_scalar", "qk_nope_head_dim",
+                        "v_head_dim")),
+    (_hidden_multiple(2.0), ("attention_hidden_size",)),
+    # linear attention (gated delta-net style): value heads stay a multiple of key heads
+    (_const(2), ("linear_num_key_heads",)),
+    (_linear_value_heads, ("linear_num_value_heads",)),
+    # MLP / MoE
+    (_const(INTERMEDIATE), ("intermediate_size", "ffn_dim", "dff", "n_inner", "ffn_hidden_size",
+                            "intermediate_size_mlp", "d_ff")),
+    (_const(MOE_INTERMEDIATE), ("moe_intermediate_size", "shared_expert_intermediate_size",
+                                "moe_shared_expert_intermediate_size", "expert_ffn_hidden_size",
+                                "shared_intermediate_size", "moe_latent_size")),
+    (_cap(EXPERTS), ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
+    (_cap(TOP_K), ("num_experts_per_tok", "top_k_experts", "moe_k", "moe_top_k", "num_experts_per_token",
+                   "moe_topk")),
+    (_cap(1), ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "topk_group",
+               "first_k_dense_replace", "num_dense_layers", "moe_layer_start_index")),
+    (_cap(2), ("n_group", "n_groups", "mamba_n_groups", "zero_expert_num")),
+    (_moe_end, ("moe_layer_end_index",)),
+    # vocab / positions
+    (_const(VOCAB), ("vocab_size", "vocab_size_per_layer_input")),
+    (_const(MAX_POS), ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "context_length")),
+    (_const(ORIG_MAX_POS), ("original_max_position_embeddings",)),
+    (_const(SLIDING_WINDOW), ("sliding_window", "attention_chunk_size", "window_size", "attention_window_size",
+                              "local_window_size")),
+    # MLA (DeepSeek-style low-rank attention) and sparse-attention indexers
+    (_const(LORA_RANK), ("kv_lora_rank", "q_lora_rank")),
+    (_const(8), ("qk_rope_head_dim", "rotary_dim", "index_topk")),
+    (_const(HEAD_DIM + 8), ("qk_head_dim",)),  # = qk_nope_head_dim + qk_rope_head_dim
+    # state-space / recurrent blocks
+    (_const(SSM_STATE), ("state_size", "ssm_state_size", "mamba_d_state", "d_state")),
+    (_const(SSM_HEADS), ("mamba_n_heads", "mamba_num_heads")),
+    (_const(SSM_HEAD_DIM), ("mamba_d_head", "mamba_head_dim")),
+    (_const(SSM_HEADS * SSM_HEAD_DIM), ("mamba_d_ssm",)),
+    (_const(SSM_CHUNK), ("chunk_size", "mamba_chunk_size", "block_size")),
+    (_const(8), ("time_step_rank", "mamba_dt_rank")),
+    # misc low-rank / per-layer-input widths
+    (_const(8), ("adapter_rank", "laurel_rank")),
+    (_const(16), ("hidden_size_per_layer_input",)),
+    # layer patterns: periods of 2 so a 2-layer model still has both kinds
+    (_cap(2), ("sliding_window_pattern", "_sliding_window_pattern", "global_attn_every_n_layers",
+               "no_rope_layer_interval", "attn_layer_period", "expert_layer_period", "interleave_moe_layer_step")),
+    (_offset, ("attn_layer_offset", "expert_layer_offset")),
+    # multi-token-prediction heads / KV sharing are not exercised by generate(): drop them
+    (_const(0), ("num_nextn_predict_layers", "num_mtp_layers", "num_kv_shared_layers")),
+]
+_RULES: dict[str, Callable] = {name: rule for rule, names in _SIZE_GROUPS for name in names}
 
 # Fields whose class default is None but which some modeling code reads unconditionally
 # (real checkpoints always set them): fill them when the default is None.
 NONE_DEFAULTS: dict[str, Any] = {"head_dim": HEAD_DIM, "num_key_value_heads": HEADS}
+
+# (a, b): if a == b in the original config, a is set to b's tiny value (e.g. MLA models
+# whose rotary ``head_dim`` is ``qk_rope_head_dim``).
+COUPLED = (("head_dim", "qk_rope_head_dim"),)
 
 # Keys holding the number of layers.
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -191,7 +204,14 @@ QUIRKS: dict[str, dict[str, Any]] = {
     # dots1 defaults leave the MoE sizes None (checkpoints set them).
     "dots1": {"n_routed_experts": EXPERTS, "num_experts_per_tok": TOP_K, "n_shared_experts": 1, "first_k_dense_replace": 1},
     # DbrxAttention reads attn_config.rope_theta, which the default sub-config lacks.
-    "dbrx": {"attn_config": lambda out: {**out["attn_config"], "rope_theta": 500000.0}},
+    # ... and its default clip_qkv=None crashes in clamp(); DBRX checkpoints use 8.
+    "dbrx": {"attn_config": lambda out: {**out["attn_config"], "rope_theta": 500000.0, "clip_qkv": 8.0}},
+    # DeepSeek-V2 default leaves num_experts_per_tok None (checkpoints set it).
+    "deepseek_v2": {"num_experts_per_tok": TOP_K},
+    # Hybrid Mamba2/attention models default to *all* Mamba layers; real checkpoints
+    # interleave attention (and generate() needs at least one attention layer).
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "bamba": {"attn_layer_indices": [1]},
     # Zamba ties one shared transformer block across "hybrid" layers: needs >= 2 of them;
     # its attention works on 2 * hidden_size, so head_dim = 2 * hidden / heads.
     "zamba": {
@@ -373,6 +393,9 @@ def shrink_config_dict(cls: type, orig: dict, model_type: str | None = None) -> 
     # head_dim may need to be larger than HEAD_DIM for odd partial-rotary factors
     if head_dim != HEAD_DIM and _is_int(out.get("head_dim")):
         out["head_dim"] = head_dim
+    for a, b in COUPLED:
+        if a in out and b in out and orig.get(a) == orig.get(b):
+            out[a] = out[b]
     if model_type and model_type in QUIRKS:
         for k, v in QUIRKS[model_type].items():
             out[k] = v(out) if callable(v) else copy.deepcopy(v)
