@@ -126,10 +126,28 @@ _DEVICE_KWARGS = ("device",)
 
 
 def _host_graph(gm: torch.fx.GraphModule) -> int:
-    """Rewrites neuron device constants in ``gm`` to cpu; returns the neuron
-    device index the graph ran on (current device if it names none)."""
+    """Rewrites ``gm`` for the host: neuron device constants become cpu and
+    tensor constants (get_attr) become host aliases of their device memory.
+    Returns the neuron device index the graph names, or None."""
+    C = torch_neuronx_C()
     index = None
     for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            owner, _, name = node.target.rpartition(".")
+            mod = gm.get_submodule(owner) if owner else gm
+            value = getattr(mod, name, None)
+            if isinstance(value, torch.Tensor) and value.device.type == "neuron":
+                index = value.device.index
+                alias = C._host_alias(value)
+                if isinstance(value, torch.nn.Parameter):
+                    alias = torch.nn.Parameter(alias, requires_grad=value.requires_grad)
+                if name in mod._buffers:
+                    mod._buffers[name] = alias
+                elif name in mod._parameters:
+                    mod._parameters[name] = alias
+                else:
+                    setattr(mod, name, alias)
+            continue
         if node.op != "call_function":
             continue
         dev = node.kwargs.get("device")
