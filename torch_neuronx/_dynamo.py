@@ -234,7 +234,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     options (docs/compile.md); ``options`` are passed through to Inductor.
     """
     from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.compile_fx import select_decomp_table
+    from torch._inductor.compile_fx import partition_fn, select_decomp_table
 
     register_device_interface()
     mode = mode or "default"
@@ -245,6 +245,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                            bw_compiler=_make_compiler(True, config_patches),
                            inference_compiler=_make_compiler(False, config_patches),
                            decompositions=select_decomp_table(),
+                           # Inductor's min-cut partitioner: recompute cheap ops, save fewer activations.
+                           partition_fn=partition_fn,
                            keep_inference_input_mutations=True)
     return backend(gm, example_inputs)
 
