@@ -81,6 +81,9 @@ def copy_bandwidth(device: str, megabytes: int, iters: int) -> dict:
         ex.synchronize(device)
         times.append(time.perf_counter() - start)
     del src, dst
+    module = getattr(torch, device_type := ex.device_type(device), None)
+    if device_type != "cpu" and hasattr(module, "reset_peak_memory_stats"):
+        module.reset_peak_memory_stats()  # so the reported peak is the model's, not these buffers'
     moved = 2 * numel * 4
     best, median = min(times), statistics.median(times)
     return {
@@ -188,9 +191,24 @@ def bench_device(device: str, tokenizer, args) -> dict:
         if res.get("ok") and out.get("bound_tok_s"):
             res["fraction_of_bound"] = res["decode_tok_s_median"] / out["bound_tok_s"]
         out["variants"][variant] = res
+    out["memory"] = memory_report(device)
     del model, inputs
     gc.collect()
     return out
+
+
+def memory_report(device: str) -> dict:
+    """Host peak RSS and, where the device module has it, the device's peak allocation."""
+    import resource
+
+    report = {"host_peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    module = getattr(torch, ex.device_type(device), None)
+    if ex.device_type(device) != "cpu" and module is not None and hasattr(module, "max_memory_allocated"):
+        try:
+            report["device_max_allocated_MiB"] = module.max_memory_allocated() / 2**20
+        except Exception as error:  # noqa: BLE001
+            report["device_max_allocated_error"] = str(error)[:200]
+    return report
 
 
 # --------------------------------------------------------------------------- report
@@ -249,6 +267,9 @@ def print_report(report: dict, stream) -> None:
           f"copy bandwidth {_fmt(bw.get('median_GBps'))} GB/s (read+write, {bw.get('copy_mb', '?')} MiB) "
           f"-> bound {_fmt(r.get('bound_tok_s'), '.1f')} tok/s"
           + (f"  [bandwidth error: {r['bandwidth_error']}]" if "bandwidth_error" in r else ""))
+        mem = r.get("memory", {})
+        if "device_max_allocated_MiB" in mem:
+            p(f"  {name}: peak device allocation {mem['device_max_allocated_MiB']:.0f} MiB")
     p()
     header = f"{'variant':<17}{dev + ' tok/s':>14}{'cpu tok/s':>12}{'ratio':>9}{dev + ' %bound':>15}{'cpu %bound':>12}  match"
     p(header)
@@ -262,12 +283,13 @@ def print_report(report: dict, stream) -> None:
           f"{pct(s['device_fraction_of_bound']):>15}{pct(s['cpu_fraction_of_bound']):>12}  {match}")
     for v in report["config"]["variants"]:
         s = report["summary"][v]
-        for side in ("device", "cpu"):
+        for side in ("device",) if report["config"]["self_check"] else ("device", "cpu"):
             if s.get(f"{side}_error"):
                 p(f"  {v} on {dev if side == 'device' else 'cpu'} failed: {s[f'{side}_error']}")
     sp = report["summary"].get("_speedup_compiled_over_eager")
     if sp:
-        p(f"compiled-static / eager-dynamic: {dev} {_fmt(sp['device'])}x, cpu {_fmt(sp['cpu'])}x")
+        p(f"compiled-static / eager-dynamic: {dev} {_fmt(sp['device'])}x"
+          + ("" if report["config"]["self_check"] else f", cpu {_fmt(sp['cpu'])}x"))
 
 
 def parse_args(argv=None):

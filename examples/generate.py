@@ -317,7 +317,13 @@ def main(argv=None) -> int:
           f"decode={'compiled' if compiled else 'eager'} prompt_tokens={inputs['input_ids'].shape[1]}",
           file=sys.stderr)
     print(f"User: {args.prompt}\nAssistant: ", end="", flush=True)
-    ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)
+    try:
+        ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)
+    except Exception:
+        if compiled:
+            print(f"\n[generate] the compiled decode step failed on {args.device}; "
+                  f"rerun with --no-compile (eager static cache) or --cache dynamic", file=sys.stderr)
+        raise
     print(f"[perf] prefill {stats['prefill_s'] * 1e3:.0f} ms; decode {stats['decode_tokens']} tokens in "
           f"{stats['decode_s']:.2f} s = {stats['decode_tok_s']:.1f} tokens/s"
           + (" (includes compilation on a first run)" if compiled else ""), file=sys.stderr)
