@@ -92,22 +92,24 @@ def test_neuron0_and_neuron1_mix_raises():
 
 # ---- dtypes --------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
-def test_complex_dtype_raises_type_error(dtype):
-    with pytest.raises(TypeError, match="neuron devices do not support the dtype Complex"):
-        torch.ones(2, dtype=dtype, device="neuron")
-    with pytest.raises(TypeError, match="do not support the dtype"):
-        torch.ones(2, dtype=dtype).to("neuron")
-    with pytest.raises(TypeError, match="do not support the dtype"):
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8, torch.qint32])
+def test_quantized_dtype_raises(dtype):
+    # Quantized dtypes dispatch to the QuantizedPrivateUse1 key, which has no kernels.
+    with pytest.raises(NotImplementedError, match="Quantizedneuron"):
+        torch.empty(2, dtype=dtype, device="neuron")
+    with pytest.raises(NotImplementedError, match="Quantizedneuron"):
         torch.empty_strided((2, 2), (1, 2), dtype=dtype, device="neuron")
 
 
-def test_op_producing_complex_raises_type_error():
-    x = torch.ones(4, 2, device="neuron")
-    with pytest.raises(TypeError, match="do not support the dtype"):
-        torch.polar(x[:, 0], x[:, 1])
-    with pytest.raises(TypeError, match="do not support the dtype"):
-        x.to(torch.complex64)
+def test_complex_rope_matches_cpu():
+    # Rotary embeddings written with complex numbers (DeepSeek-V2, Llama 4) run on the host runtime.
+    x = torch.randn(4, 8)
+    freqs = torch.polar(torch.ones(4, 4), torch.randn(4, 4))
+    def rope(t, f):
+        return torch.view_as_real(torch.view_as_complex(t.reshape(4, 4, 2)) * f).flatten(1)
+    out = rope(x.to("neuron"), freqs.to("neuron"))
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), rope(x, freqs))
 
 
 def test_supported_dtypes_work():

@@ -48,7 +48,7 @@ def render() -> str:
         "`layer_norm`, `softmax`, `dropout`, `_to_copy`, `clone`, `stack`, `_foreach_*`).",
         "",
         "Anything else runs through the counted host fallback (`torch_neuronx.fallback_report()`), or raises "
-        "under `TORCH_NEURONX_DISABLE_FALLBACK=1`. Complex and quantized dtypes are not supported (TypeError).",
+        "under `TORCH_NEURONX_DISABLE_FALLBACK=1`. Quantized dtypes are not supported; complex dtypes run on the host runtime.",
         "",
         "## Dedicated kernels",
         "",

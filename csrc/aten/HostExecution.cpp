@@ -257,9 +257,11 @@ std::vector<c10::IValue> host_call(const char* name, const char* overload, std::
 }
 
 void check_supported_dtype(c10::ScalarType dtype) {
-  TORCH_CHECK_TYPE(!c10::isComplexType(dtype) && !c10::isQIntType(dtype),
+  // Complex types run on the host runtime (models such as DeepSeek-V2 and
+  // Llama 4 write rotary embeddings with them); quantized types have no kernels.
+  TORCH_CHECK_TYPE(!c10::isQIntType(dtype),
                    "neuron devices do not support the dtype ", dtype,
-                   " (supported: floating point up to float64, integer and bool types)");
+                   " (supported: floating point, complex, integer and bool types)");
 }
 
 void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

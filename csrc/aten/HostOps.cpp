@@ -27,7 +27,8 @@ constexpr std::string_view kOps[] = {
     "bitwise_right_shift", "__lshift__", "__rshift__", "__ilshift__", "__irshift__", "logical_and", "logical_or",
     "logical_xor", "logical_not", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "isposinf",
     "isneginf", "where", "heaviside", "digamma", "lgamma", "polygamma", "mvlgamma", "i0", "sinc", "igamma",
-    "igammac", "nextafter", "frexp", "gcd", "lcm", "angle", "conj_physical", "deg2rad", "rad2deg",
+    "igammac", "nextafter", "frexp", "gcd", "lcm", "angle", "conj_physical", "deg2rad", "rad2deg", "polar",
+    "complex", "view_as_real", "view_as_complex",
     // activations and their backward passes
     "relu", "gelu", "gelu_backward", "silu", "silu_backward", "mish", "mish_backward", "elu", "elu_backward",
     "hardtanh", "hardtanh_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish", "hardswish_backward",
