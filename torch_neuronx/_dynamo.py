@@ -150,10 +150,19 @@ def _host_graph(gm: torch.fx.GraphModule) -> int:
             continue
         if node.op != "call_function":
             continue
-        dev = node.kwargs.get("device")
-        if isinstance(dev, torch.device) and dev.type == "neuron":
-            index = dev.index if dev.index is not None else index
-            node.kwargs = {**node.kwargs, "device": torch.device("cpu")}
+        devices = []
+
+        def to_host(a):
+            if isinstance(a, torch.device) and a.type == "neuron":
+                devices.append(a)
+                return torch.device("cpu")
+            return a
+
+        # Device arguments, positional (prims.device_put) or keyword (factories, _to_copy).
+        node.args = torch.fx.node.map_aggregate(node.args, to_host)
+        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, to_host)
+        for d in devices:
+            index = d.index if d.index is not None else index
     gm.recompile()
     return index
 
