@@ -39,3 +39,32 @@ def test_static_cache_compiled_decode_no_recompiles():
     assert torch.equal(out.cpu(), ref)
     assert counters["stats"]["unique_graphs"] == graphs
     assert sum(counters["recompiles"].values()) == recompiles == 0
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_beam_search_and_attention_implementations_match_cpu(attn):
+    cpu = _tiny_llama()
+    cpu.config._attn_implementation = attn
+    dev = copy.deepcopy(cpu).to("neuron")
+    ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :1] = 0
+    kw = dict(max_new_tokens=10, do_sample=False, num_beams=3, num_return_sequences=2)
+    ref = cpu.generate(ids, attention_mask=mask, **kw)
+    out = dev.generate(ids.to("neuron"), attention_mask=mask.to("neuron"), **kw)
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_seeded_sampling_is_reproducible_on_neuron():
+    dev = _tiny_llama().to("neuron")
+    ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(3)).to("neuron")
+    kw = dict(max_new_tokens=12, do_sample=True, top_k=20, temperature=1.5)
+    torch.manual_seed(7)
+    a = dev.generate(ids, **kw)
+    torch.manual_seed(7)
+    b = dev.generate(ids, **kw)
+    torch.manual_seed(8)
+    c = dev.generate(ids, **kw)
+    assert a.device.type == "neuron"
+    assert torch.equal(a.cpu(), b.cpu())
+    assert not torch.equal(a.cpu(), c.cpu())
