@@ -122,9 +122,6 @@ _MODES = {
     "max-autotune-no-cudagraphs": {"max_autotune": True},
 }
 
-_DEVICE_KWARGS = ("device",)
-
-
 def _host_graph(gm: torch.fx.GraphModule) -> int:
     """Rewrites ``gm`` for the host: neuron device constants become cpu and
     tensor constants (get_attr) become host aliases of their device memory.

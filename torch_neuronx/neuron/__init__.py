@@ -147,15 +147,10 @@ def __getattr__(name):
         from .. import _inductor
 
         _inductor.register()
-        return WrapperFxCodegen_() if name == "WrapperFxCodegen" else getattr(_inductor, name)
+        return getattr(_inductor, name)
     if name == "get_dynamo_metrics":
         from .._dynamo import get_dynamo_metrics
 
         return get_dynamo_metrics
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
-
-def WrapperFxCodegen_():
-    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
-
-    return WrapperFxCodegen
