@@ -178,3 +178,82 @@ def test_default_inductor_training_with_reductions():
     out.softmax(-1).sum().backward()
     ref.softmax(-1).sum().backward()
     torch.testing.assert_close(dev[0].weight.grad.cpu(), cpu[0].weight.grad, rtol=1e-4, atol=1e-5)
+
+
+# ---- what runs where: each output keeps the device eager gives it ----------------
+
+def _compile(fn, backend):
+    return torch.compile(fn) if backend == "inductor" else torch.compile(fn, backend=backend)
+
+
+def _assert_host_memory(t):
+    # A CPU result must be an ordinary CPU tensor, not a view of device memory.
+    from torch_neuronx import _C
+
+    assert t.device.type == "cpu"
+    assert _C._is_neuron_ptr(t.untyped_storage().data_ptr()) < 0
+
+
+@pytest.mark.parametrize("backend", ["neuron", "inductor"])
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_mixed_device_outputs_match_eager(backend, train):
+    torch._dynamo.reset()
+    fn = lambda a, s, v: (a * s, s + 1, v * 2)  # noqa: E731
+    a, s, v = torch.randn(4), torch.tensor(3.0), torch.randn(4)
+    a_dev = a.to(DEV).requires_grad_(train)
+    v_cpu = v.clone().requires_grad_(train)
+    outs = _compile(fn, backend)(a_dev, s, v_cpu)
+    refs = fn(a.requires_grad_(train), s, v.requires_grad_(train))
+    assert [o.device.type for o in outs] == ["neuron", "cpu", "cpu"]
+    for o in outs[1:]:
+        _assert_host_memory(o)
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.detach().cpu(), r.detach())
+    if train:
+        (outs[0].pow(2).sum().cpu() + outs[2].pow(2).sum()).backward()
+        (refs[0].pow(2).sum() + refs[2].pow(2).sum()).backward()
+        assert a_dev.grad.device.type == "neuron" and v_cpu.grad.device.type == "cpu"
+        torch.testing.assert_close(a_dev.grad.cpu(), a.grad)
+        torch.testing.assert_close(v_cpu.grad, v.grad)
+
+
+@pytest.mark.parametrize("backend", ["neuron", "inductor"])
+def test_cpu_copy_inside_graph_stays_on_cpu(backend):
+    torch._dynamo.reset()
+    fn = lambda x: ((x + 1).cpu() * 2, x - 1)  # noqa: E731
+    x = torch.randn(3, 2)
+    host, dev = _compile(fn, backend)(x.to(DEV))
+    _assert_host_memory(host)
+    assert dev.device.type == "neuron"
+    ref_host, ref_dev = fn(x)
+    torch.testing.assert_close(host, ref_host)
+    torch.testing.assert_close(dev.cpu(), ref_dev)
+
+
+@pytest.mark.parametrize("backend", ["neuron", "inductor"])
+def test_factory_inside_graph_stays_on_cpu(backend):
+    torch._dynamo.reset()
+    fn = lambda x: (x * 2, torch.arange(3))  # noqa: E731
+    x = torch.randn(3)
+    dev, idx = _compile(fn, backend)(x.to(DEV))
+    assert dev.device.type == "neuron"
+    _assert_host_memory(idx)
+    assert torch.equal(idx, torch.arange(3))
+    torch.testing.assert_close(dev.cpu(), x * 2)
+
+
+def test_cpu_only_graph_under_neuron_backend_is_cpu_inductor():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(3, 2)
+    model = copy.deepcopy(ref)
+    x = torch.randn(5, 3)
+    out = torch.compile(model, backend="neuron")(x)
+    expected = ref(x)
+    _assert_host_memory(out)
+    torch.testing.assert_close(out, expected)
+    out.pow(2).sum().backward()
+    expected.pow(2).sum().backward()
+    for p, p_ref in zip(model.parameters(), ref.parameters()):
+        assert p.grad.device.type == "cpu"
+        torch.testing.assert_close(p.grad, p_ref.grad)

@@ -122,6 +122,50 @@ _MODES = {
     "max-autotune-no-cudagraphs": {"max_autotune": True},
 }
 
+def _is_neuron_device(d) -> bool:
+    if isinstance(d, str):
+        return d == "neuron" or d.startswith("neuron:")
+    return isinstance(d, torch.device) and d.type == "neuron"
+
+
+def _names_neuron(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Whether a graph touches the neuron device: an input, a constant, a
+    device argument, or a traced value (Dynamo's ``example_value``,
+    AOTAutograd's ``val``) on neuron. Graphs that do not are plain CPU graphs."""
+    from torch.utils._pytree import tree_leaves
+
+    def on_neuron(v):
+        return isinstance(v, torch.Tensor) and v.device.type == "neuron"
+
+    if any(on_neuron(t) for t in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            owner, _, name = node.target.rpartition(".")
+            if on_neuron(getattr(gm.get_submodule(owner) if owner else gm, name, None)):
+                return True
+        traced = node.meta.get("val", node.meta.get("example_value"))
+        if any(on_neuron(v) for v in tree_leaves(traced)):
+            return True
+        if any(_is_neuron_device(a) for a in tree_leaves((node.args, node.kwargs))):
+            return True
+    return False
+
+
+def _output_devices(gm: torch.fx.GraphModule, example_inputs) -> list:
+    """The eager device of each graph output (None for non-tensors), read
+    from the traced fake values before ``_host_graph`` rewrites devices."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    (outs,) = gm.graph.output_node().args
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+    if any(isinstance(a, torch.fx.Node) and "val" not in a.meta for a in outs):
+        FakeTensorProp(gm, mode=detect_fake_mode(example_inputs)).propagate_dont_convert_inputs(*example_inputs)
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in outs]
+    return [v.device if isinstance(v, torch.Tensor) else None for v in vals]
+
+
 def _host_graph(gm: torch.fx.GraphModule) -> int:
     """Rewrites ``gm`` for the host: neuron device constants become cpu and
     tensor constants (get_attr) become host aliases of their device memory.
@@ -183,6 +227,11 @@ def _make_compiler(is_backward: bool, config_patches: dict):
         from torch._guards import detect_fake_mode
         from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+        if not _names_neuron(gm, example_inputs):
+            # A CPU graph (e.g. the backward of CPU-only values): plain Inductor.
+            with torch._inductor.config.patch(config_patches):
+                return compile_fx_inner(gm, example_inputs, is_backward=is_backward)
+        out_devices = _output_devices(gm, example_inputs)
         devices = {t.device.index for t in example_inputs
                    if isinstance(t, torch.Tensor) and t.device.type == "neuron"}
         index = _host_graph(gm)
@@ -199,13 +248,35 @@ def _make_compiler(is_backward: bool, config_patches: dict):
         # be driven by the device generator at run time (see _on_device).
         with torch._inductor.config.patch({**config_patches, "fallback_random": True}):
             compiled = compile_fx_inner(gm, host_inputs, is_backward=is_backward)
-        return _on_device(compiled, index, uses_rng)
+        return _on_device(compiled, index, uses_rng, out_devices)
 
     return compiler
 
 
-def _on_device(compiled, index: int, uses_rng: bool):
+def _host_outputs(outs: list, on_host: list) -> list:
+    """Copies the CPU outputs out of device memory (they were allocated under
+    the staging scope, or alias a device input) into ordinary CPU tensors.
+    Outputs sharing a storage keep sharing one copy."""
     C = torch_neuronx_C()
+    copies = {}
+    for i, o in enumerate(outs):
+        if not on_host[i] or not isinstance(o, torch.Tensor):
+            continue
+        storage = o.untyped_storage()
+        if C._is_neuron_ptr(storage.data_ptr()) < 0:
+            continue
+        key = storage.data_ptr()
+        if key not in copies:
+            copies[key] = storage.clone()
+        outs[i] = torch.empty(0, dtype=o.dtype).set_(copies[key], o.storage_offset(), o.size(), o.stride())
+    return outs
+
+
+def _on_device(compiled, index: int, uses_rng: bool, out_devices: list):
+    C = torch_neuronx_C()
+    # Outputs eager puts on neuron become device tensors (without a copy); the
+    # rest stay CPU tensors, as eager gives them.
+    on_host = [d is not None and d.type != "neuron" for d in out_devices]
 
     def call(host):
         with C._Staging(index):
@@ -224,7 +295,13 @@ def _on_device(compiled, index: int, uses_rng: bool):
                 outs = call(host)
         else:
             outs = call(host)
-        return [C._device_tensor(o, index) if isinstance(o, torch.Tensor) else o for o in outs]
+        outs = list(outs)
+        if len(outs) != len(on_host):
+            raise RuntimeError(f"neuron compile: the graph has {len(on_host)} outputs but its "
+                               f"compiled code returned {len(outs)}")
+        outs = _host_outputs(outs, on_host)
+        return [o if h or not isinstance(o, torch.Tensor) else C._device_tensor(o, index)
+                for o, h in zip(outs, on_host)]
 
     run._boxed_call = True
     return run
@@ -247,6 +324,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     if mode not in _MODES:
         raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
     config_patches = {**_MODES[mode], **(options or {}), "triton.cudagraphs": False}
+    if not _names_neuron(gm, example_inputs):
+        # Nothing on neuron: compile exactly as CPU Inductor would.
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
     backend = aot_autograd(fw_compiler=_make_compiler(False, config_patches),
                            bw_compiler=_make_compiler(True, config_patches),
                            inference_compiler=_make_compiler(False, config_patches),
