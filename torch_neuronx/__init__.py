@@ -53,6 +53,12 @@ from . import _compile_hook  # noqa: E402
 
 _compile_hook.install()
 
+import atexit  # noqa: E402
+
+# Before finalization: let the autograd engine's neuron threads go idle (see
+# drain_autograd_device_threads in csrc/python/Module.cpp).
+atexit.register(_C._drain_autograd_device_threads)
+
 
 def fallback_report() -> dict:
     """Ops that ran through the host fallback since the last reset: ``{op: calls}``."""

@@ -7,6 +7,7 @@
 
 #include "csrc/runtime/Device.h"
 #include "csrc/runtime/Error.h"
+#include "csrc/runtime/Process.h"
 
 namespace at::neuron {
 
@@ -26,6 +27,12 @@ decltype(auto) rt_call(F&& fn) {
   } catch (const neuronrt::Error& e) {
     TORCH_CHECK(false, e.what());
   }
+}
+
+// Entry check of every device operation: raises in a child forked after the
+// runtime was initialized (before any lock is taken), else marks it initialized.
+inline void lazy_init() {
+  rt_call([] { neuronrt::lazy_init(); });
 }
 
 inline c10::DeviceIndex current_device() {

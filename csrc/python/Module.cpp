@@ -1,5 +1,7 @@
 // torch_neuronx._C: the Python entry to the runtime and the integration.
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 #include <ATen/Context.h>
 
@@ -9,6 +11,7 @@
 #include "csrc/aten/NeuronGenerator.h"
 #include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Device.h"
+#include "csrc/runtime/Process.h"
 
 namespace py = pybind11;
 
@@ -27,6 +30,24 @@ struct Staging {
   std::unique_ptr<at::neuron::StagingScope> scope;
 };
 
+// Called at interpreter exit (atexit, before finalization). The autograd
+// engine's neuron device threads finish a backward after waking its caller
+// and drop their GraphTask only then; if that last reference frees a tensor
+// whose PyObject it owns during finalization, taking the GIL there ends the
+// thread with pthread_exit through a noexcept frame: std::terminate, rc 134.
+// A device thread takes its next task only after releasing the previous one,
+// so one tiny backward per device, built without Python objects and run
+// without the GIL, waits until every device thread is idle.
+void drain_autograd_device_threads() {
+  if (!neuronrt::is_initialized() || neuronrt::in_bad_fork()) return;
+  py::gil_scoped_release no_gil;
+  for (int d = 0; d < neuronrt::device_count(); ++d) {
+    at::Tensor leaf = at::zeros({1}, at::TensorOptions().device(at::neuron::device_of_index(d)))
+                          .requires_grad_(true);
+    torch::autograd::backward({leaf.sum()});
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -39,6 +60,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
 
   m.def("_device_count", [] { return neuronrt::device_count(); });
+  m.def("_lazy_init", [] {
+    at::neuron::lazy_init();
+    // torch's own fork flag: factories in a forked child then raise in
+    // torch::utils::device_lazy_init, as for CUDA.
+    torch::utils::register_fork_handler_for_device_init(at::kPrivateUse1);
+  });
+  m.def("_is_initialized", [] { return neuronrt::is_initialized(); });
+  m.def("_in_bad_fork", [] { return neuronrt::in_bad_fork(); });
+  m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
   m.def("_current_device", [] { return neuronrt::current_device(); });
   m.def("_set_device", [](int index) { at::neuron::rt_call([&] { neuronrt::set_device(index); }); });
   m.def("_exchange_device", [](int index) {

@@ -5,6 +5,7 @@
 
 #include "Device.h"
 #include "Error.h"
+#include "Process.h"
 
 namespace neuronrt {
 namespace {
@@ -87,6 +88,7 @@ void CachingAllocator::release_cached(DeviceState& ds) {
 }
 
 void* CachingAllocator::allocate(int device, size_t size) {
+  lazy_init();  // before the lock: a bad fork may have inherited it held
   if (size == 0) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   DeviceState& ds = state(device);
@@ -126,7 +128,8 @@ void* CachingAllocator::allocate(int device, size_t size) {
 }
 
 void CachingAllocator::free(void* ptr) {
-  if (!ptr) return;
+  // In a bad fork the memory goes away with the process; the lock may be held.
+  if (!ptr || in_bad_fork()) return;
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == segments_.end() || !it->second->in_use) {
@@ -144,6 +147,7 @@ void CachingAllocator::free(void* ptr) {
 }
 
 void CachingAllocator::empty_cache(int device) {
+  if (in_bad_fork()) throw BadForkError();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (device >= 0) {
     release_cached(state(device));
@@ -153,11 +157,13 @@ void CachingAllocator::empty_cache(int device) {
 }
 
 DeviceStats CachingAllocator::stats(int device) const {
+  if (in_bad_fork()) throw BadForkError();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   return state(device).stats;
 }
 
 void CachingAllocator::reset_peak_stats(int device) {
+  if (in_bad_fork()) throw BadForkError();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   DeviceStats& s = state(device).stats;
   for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
@@ -167,6 +173,7 @@ void CachingAllocator::reset_peak_stats(int device) {
 }
 
 void CachingAllocator::reset_accumulated_stats(int device) {
+  if (in_bad_fork()) throw BadForkError();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   DeviceStats& s = state(device).stats;
   for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
@@ -177,6 +184,7 @@ void CachingAllocator::reset_accumulated_stats(int device) {
 }
 
 std::pair<size_t, size_t> CachingAllocator::mem_info(int device) const {
+  if (in_bad_fork()) throw BadForkError();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   const DeviceState& ds = state(device);
   size_t reserved = static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current);
@@ -184,6 +192,7 @@ std::pair<size_t, size_t> CachingAllocator::mem_info(int device) const {
 }
 
 int CachingAllocator::device_of(const void* ptr) const {
+  if (in_bad_fork()) return -1;
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto it = segments_.upper_bound(addr);
@@ -194,6 +203,7 @@ int CachingAllocator::device_of(const void* ptr) const {
 }
 
 size_t CachingAllocator::block_size(const void* ptr) const {
+  if (in_bad_fork()) return 0;
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
   return it == segments_.end() ? 0 : it->second->size;

@@ -7,6 +7,7 @@
 
 #include "Device.h"
 #include "Error.h"
+#include "Process.h"
 
 namespace neuronrt {
 namespace {
@@ -33,6 +34,7 @@ DeviceStreams& streams_of(int device) {
 }
 
 Stream& stream_slot(int device, int64_t id) {
+  lazy_init();  // before any lock: a bad fork may have inherited one held
   if (id < 0 || id >= kStreamsPerDevice) {
     throw Error("neuron stream id " + std::to_string(id) +
                 " does not name a stream of neuron:" + std::to_string(device));
@@ -57,6 +59,7 @@ thread_local std::vector<int64_t> tls_current_stream;
 Stream::Stream(int device, int64_t id) : device_(device), id_(id) {}
 
 void Stream::launch(const std::function<void()>& fn) {
+  if (in_bad_fork()) throw BadForkError();
   issued_.fetch_add(1);
   try {
     fn();
@@ -104,6 +107,7 @@ void set_current_stream(Stream& stream) {
 }
 
 std::vector<Stream*> all_streams(int device) {
+  lazy_init();
   DeviceStreams& ds = streams_of(device);
   std::lock_guard<std::mutex> lock(ds.mutex);
   std::vector<Stream*> out;

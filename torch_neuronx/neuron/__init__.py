@@ -34,13 +34,38 @@ def device_count() -> int:
 
 
 def is_initialized() -> bool:
-    return _initialized
+    return _initialized and not _C._in_bad_fork()
 
 
 def _lazy_init():
+    """Called by PyTorch before the first neuron tensor is created from Python."""
     global _initialized
+    if _initialized and not _C._in_bad_fork():
+        return
     with _init_lock:
+        if _C._in_bad_fork():
+            raise RuntimeError(
+                "Cannot re-initialize neuron in forked subprocess. To use neuron with multiprocessing, you must "
+                "use the 'spawn' start method")
+        _check_not_in_dataloader_worker()
+        _C._lazy_init()
         _initialized = True
+
+
+def _check_not_in_dataloader_worker():
+    # A neuron tensor cannot be sent between processes (device memory belongs
+    # to the process's runtime), so a DataLoader worker that made one would
+    # fail while pickling it in its queue's feeder thread, where the error is
+    # lost and the main process waits forever. Refuse it here instead: the
+    # worker re-raises in the main process.
+    import sys
+
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is not None and worker.get_worker_info() is not None:
+        raise RuntimeError(
+            "neuron tensors cannot be created in a DataLoader worker process: they cannot be sent to the main "
+            "process. Return CPU tensors from the dataset and move each batch to neuron in the main process "
+            "(DataLoader(..., pin_memory=True) and batch.to('neuron', non_blocking=True)).")
 
 
 def init():
@@ -48,8 +73,8 @@ def init():
 
 
 def _is_in_bad_fork() -> bool:
-    # Device memory is host memory, so a forked child keeps a usable copy.
-    return False
+    """True in a child forked after the neuron runtime was initialized."""
+    return _C._in_bad_fork()
 
 
 def current_device() -> int:
