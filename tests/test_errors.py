@@ -70,6 +70,42 @@ def test_zero_dim_cpu_tensor_is_a_scalar():
     assert_same(x, torch.arange(4.0) + 1)
 
 
+@pytest.mark.parametrize("make_out", [lambda dt: torch.empty((), dtype=dt), lambda dt: torch.empty(0, dtype=dt)],
+                         ids=["0-dim", "1-dim"])
+def test_cpu_out_argument_of_a_neuron_op_raises(make_out):
+    # A 0-dim CPU tensor may be read as a scalar, never written: out= and
+    # in-place self are validated like every other argument (as on CUDA).
+    t = torch.tensor([1.0, 0.0, 2.0], device="neuron")
+    out = make_out(torch.long)
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.nonzero(t, out=out)
+    out = make_out(torch.float32)
+    before = out.clone()
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.add(t, t, out=out)
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.tensor(1.0).add_(torch.tensor(2.0, device="neuron"))
+    assert torch.equal(out, before)
+    # A neuron out= with CPU inputs is the same mix.
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        torch.add(torch.ones(3), torch.ones(3), out=torch.empty(3, device="neuron"))
+
+
+def test_pinned_neuron_memory_is_refused():
+    for make in (lambda: torch.empty(3, device="neuron", pin_memory=True),
+                 lambda: torch.empty_strided((2, 2), (2, 1), device="neuron", pin_memory=True),
+                 lambda: torch.zeros(3, device="neuron", pin_memory=True)):
+        with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+            make()
+
+
+def test_zero_tensor_reads_as_zeros():
+    z = torch._efficientzerotensor((2, 3), device="neuron")
+    assert z._is_zerotensor() and z.device.type == "neuron"
+    torch.testing.assert_close(z.cpu(), torch.zeros(2, 3))
+    assert_same(z + torch.ones(2, 3, device="neuron"), torch.ones(2, 3))
+
+
 def test_cpu_index_tensors_may_index_neuron_tensors():
     x = torch.arange(10, device="neuron") * 10
     assert_same(x[torch.tensor([1, 3, 9])], torch.tensor([10, 30, 90]))

@@ -42,6 +42,7 @@ at::Tensor make_like(c10::Storage storage, c10::DispatchKey key, const at::Tenso
   impl->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
   if (meta.is_neg()) impl->_set_neg(true);
   if (meta.is_conj()) impl->_set_conj(true);
+  if (meta._is_zerotensor()) impl->_set_zero(true);
   return t;
 }
 
@@ -60,10 +61,11 @@ class HostCall {
                   *device_, " and ", d, "! (in ", op_.schema().name(), ")");
     }
   }
-  void note_cpu_tensor(const at::Tensor& t, bool in_index_list) {
-    // A 0-dim CPU tensor is a scalar, and CPU indices may index device
-    // tensors (as on CUDA); anything else is a device mix.
-    if (t.defined() && t.device().is_cpu() && t.dim() > 0 && !in_index_list) has_cpu_ = true;
+  void note_cpu_tensor(const at::Tensor& t, bool in_index_list, bool written) {
+    // A 0-dim CPU tensor read by the op is a scalar, and CPU indices may
+    // index device tensors (as on CUDA); anything else, and any CPU tensor
+    // the op writes (out=, in-place self), is a device mix.
+    if (t.defined() && t.device().is_cpu() && (written || (t.dim() > 0 && !in_index_list))) has_cpu_ = true;
   }
   void check_mix() const {
     TORCH_CHECK(!(has_cpu_ && device_), "Expected all tensors to be on the same device, but found at least two "
@@ -155,7 +157,11 @@ class HostCall {
     }
     c10::Device device = device_of_index(device_index());
     c10::Storage dev;
-    if (impl->data_ptr().get_deleter() == &device_free) {
+    if (!impl->data() && impl->nbytes() > 0) {
+      // No memory behind it (ZeroTensor): nothing to adopt or copy.
+      dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+          c10::StorageImpl::use_byte_size_t(), impl->nbytes(), c10::DataPtr(nullptr, device), nullptr, false));
+    } else if (impl->data_ptr().get_deleter() == &device_free) {
       // Allocated in HBM under the StagingScope and referenced only by this
       // kernel's results: the storage itself becomes device storage.
       impl->mutable_data_ptr().unsafe_set_device(device);
@@ -270,23 +276,26 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t args_begin = stack->size() - num_args;
   HostCall call(op);
 
+  lazy_init();
   // Pass 1: find the device and reject device mixes before touching anything.
   for (size_t i = 0; i < num_args; ++i) {
     auto& iv = (*stack)[args_begin + i];
+    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+    const bool written = alias && alias->isWrite();
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
       if (t.defined()) call.note_device(t.device());
-      call.note_cpu_tensor(t, false);
+      call.note_cpu_tensor(t, false, written);
     } else if (iv.isTensorList()) {
       for (const at::Tensor& t : iv.toTensorList()) {
         call.note_device(t.device());
-        call.note_cpu_tensor(t, false);
+        call.note_cpu_tensor(t, false, written);
       }
     } else if (iv.isOptionalTensorList()) {
       for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
         if (t && t->defined()) {
           call.note_device(t->device());
-          call.note_cpu_tensor(*t, true);
+          call.note_cpu_tensor(*t, true, written);
         }
       }
     } else if (iv.isDevice()) {

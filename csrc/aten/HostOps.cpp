@@ -83,7 +83,7 @@ constexpr std::string_view kOps[] = {
     "gather", "scatter", "scatter_add", "scatter_reduce", "take", "put", "masked_fill", "masked_scatter",
     "masked_select", "nonzero", "nonzero_static", "cat", "flip", "roll", "repeat_interleave", "unfold",
     "unfold_backward", "fill", "zero", "arange", "linspace", "logspace", "eye", "tril_indices", "triu_indices",
-    "_efficientzerotensor", "_assert_async", "segment_reduce", "_segment_reduce_backward",
+    "_assert_async", "segment_reduce", "_segment_reduce_backward",
     // random: drawn from the device generator's Philox stream
     "normal", "uniform", "bernoulli", "random", "exponential", "geometric", "log_normal", "cauchy", "multinomial",
     "randperm", "native_dropout", "native_dropout_backward", "_standard_gamma", "_standard_gamma_grad", "poisson",

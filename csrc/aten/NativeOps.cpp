@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -23,6 +24,7 @@ void resize_storage_bytes(c10::StorageImpl* impl, size_t newsize);
 namespace {
 
 c10::Device target_device(std::optional<c10::Device> device) {
+  lazy_init();
   c10::DeviceIndex index = device && device->has_index() ? device->index() : -1;
   return device_of_index(resolve_device(index));
 }
@@ -34,6 +36,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
+  // Pinning is a property of host memory (as on CUDA).
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(dev);
   return at::detail::empty_generic(size, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    scalar_type, memory_format);
@@ -46,19 +50,38 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
+  // Pinning is a property of host memory (as on CUDA).
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(dev);
   return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), scalar_type);
 }
 
+// A zero tensor has no memory: the ZeroTensor key makes every op read zeros.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory) {
+  c10::Device dev = target_device(device);
+  auto scalar_type = c10::dtype_or_default(dtype);
+  check_supported_dtype(scalar_type);
+  at::native::ZeroTensorAllocator allocator(dev);
+  auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &allocator, keys, scalar_type, std::nullopt);
+}
+
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
                       std::optional<int64_t> storage_offset) {
+  lazy_init();
   return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
 }
 
-at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  lazy_init();
+  return at::native::view(self, size);
+}
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  lazy_init();
   return at::native::_reshape_alias(self, size, stride);
 }
 
@@ -118,11 +141,18 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
 
 // copy_ across the device boundary (and between neuron tensors): both sides
 // are host-addressable, so the copy is one CPU copy_ between aliases, which
-// also converts dtypes and handles any strides.
+// also converts dtypes and handles any strides. The aliases keep the conj and
+// neg bits of both sides, so the CPU copy resolves them (see the fallthrough
+// registrations below).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  lazy_init();
   const at::Tensor& dev = dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self;
   if (dst.numel() == 0) return dst;
   check_supported_dtype(self.scalar_type());
+  if (self._is_zerotensor()) {  // no storage behind it
+    dst.zero_();
+    return dst;
+  }
   at::Tensor src_h = host_alias(self);
   at::Tensor dst_h = host_alias(dst);
   neuronrt::Stream& stream = rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(dev.device().index()); });
@@ -137,6 +167,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 // .item(), bool(t), printing: a host read, so it waits for the stream.
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  lazy_init();
   rt_call([&] { neuronrt::current_stream(self.device().index()).synchronize(); });
   return at::_local_scalar_dense(host_alias(self));
 }
@@ -175,6 +206,7 @@ void resize_storage_bytes(c10::StorageImpl* impl, size_t newsize) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("as_strided", as_strided);
   m.impl("view", view);
   m.impl("_reshape_alias", reshape_alias);
@@ -187,6 +219,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("record_stream", record_stream);
+}
+
+// _copy_from is the device copy itself, and copy_from above honours the conj,
+// neg and zero bits. Left to the Conjugate/Negative/ZeroTensor fallbacks, it
+// would materialize its source with clone(), i.e. copy_(), i.e. _copy_from
+// again: unbounded recursion. (copy_ and clone fall through for the same reason.)
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, ZeroTensor, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace at::neuron
