@@ -279,8 +279,17 @@ def _on_device(compiled, index: int, uses_rng: bool, out_devices: list):
     on_host = [d is not None and d.type != "neuron" for d in out_devices]
 
     def call(host):
-        with C._Staging(index):
-            return compiled(host)
+        # One kernel launch: the host code and the copy of CPU outputs out of
+        # device memory are device work (NEURON_RT_PROTECT enforces it).
+        def kernel():
+            with C._Staging(index):
+                outs = list(compiled(host))
+            if len(outs) != len(on_host):
+                raise RuntimeError(f"neuron compile: the graph has {len(on_host)} outputs but its "
+                                   f"compiled code returned {len(outs)}")
+            return _host_outputs(outs, on_host)
+
+        return C._launch(index, kernel)
 
     def run(args):
         host = [C._host_alias(a) if isinstance(a, torch.Tensor) else a for a in args]
@@ -295,11 +304,6 @@ def _on_device(compiled, index: int, uses_rng: bool, out_devices: list):
                 outs = call(host)
         else:
             outs = call(host)
-        outs = list(outs)
-        if len(outs) != len(on_host):
-            raise RuntimeError(f"neuron compile: the graph has {len(on_host)} outputs but its "
-                               f"compiled code returned {len(outs)}")
-        outs = _host_outputs(outs, on_host)
         return [o if h or not isinstance(o, torch.Tensor) else C._device_tensor(o, index)
                 for o, h in zip(outs, on_host)]
 

@@ -17,7 +17,7 @@
 #include "NeuronFunctions.h"
 #include "NeuronGenerator.h"
 #include "csrc/runtime/Philox.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {
@@ -32,6 +32,15 @@ void release_storage_ref(void* ctx) {
 c10::DataPtr borrow(c10::StorageImpl* owner, c10::Device device) {
   c10::raw::intrusive_ptr::incref(owner);
   return c10::DataPtr(owner->mutable_data(), owner, &release_storage_ref, device);
+}
+
+// Copies host storage `src` into freshly allocated device storage `dst`.
+void copy_to_device(c10::Storage& dst, const c10::StorageImpl& src) {
+  if (src.nbytes() == 0) return;
+  rt_call([&] {
+    neuronrt::memcpy(dst.mutable_data(), src.data(), src.nbytes(), neuronrt::MemcpyKind::HostToDevice,
+                     neuronrt::current_stream(dst.device().index()));
+  });
 }
 
 bool is_neuron(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
@@ -172,7 +181,7 @@ class HostCall {
       c10::DeviceGuard guard(device);
       dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), impl->nbytes(), device_allocator(), true));
-      if (impl->nbytes() > 0) std::memcpy(dev.mutable_data(), impl->data(), impl->nbytes());
+      copy_to_device(dev, *impl);
     }
     fresh_.emplace_back(impl, dev);
     return dev;
@@ -242,7 +251,7 @@ at::Tensor device_tensor(const at::Tensor& host, c10::DeviceIndex device) {
     c10::DeviceGuard guard(dev);
     storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
                                                                  impl->nbytes(), device_allocator(), true));
-    if (impl->nbytes() > 0) std::memcpy(storage.mutable_data(), impl->data(), impl->nbytes());
+    copy_to_device(storage, *impl);
   }
   return make_like(std::move(storage), c10::DispatchKey::PrivateUse1, host);
 }

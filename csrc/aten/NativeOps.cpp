@@ -14,7 +14,7 @@
 #include "HostExecution.h"
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 
@@ -168,8 +168,16 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 // .item(), bool(t), printing: a host read, so it waits for the stream.
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   lazy_init();
-  rt_call([&] { neuronrt::current_stream(self.device().index()).synchronize(); });
-  return at::_local_scalar_dense(host_alias(self));
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(), " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  rt_call([&] {
+    neuronrt::Stream& stream = neuronrt::current_stream(self.device().index());
+    neuronrt::memcpy(host.mutable_data_ptr(), self.const_data_ptr(), self.dtype().itemsize(),
+                     neuronrt::MemcpyKind::DeviceToHost, stream);
+  });
+  host._set_conj(self.is_conj());
+  host._set_neg(self.is_neg());
+  return at::_local_scalar_dense(host.resolve_conj().resolve_neg());
 }
 
 // param.data = t.to("neuron") and Module._apply swap a CPU TensorImpl for a
@@ -195,7 +203,12 @@ void resize_storage_bytes(c10::StorageImpl* impl, size_t newsize) {
   if (newsize > 0) {
     c10::DeviceGuard guard(impl->device());
     fresh = device_allocator()->allocate(newsize);
-    if (old > 0 && impl->data()) std::memcpy(fresh.get(), impl->data(), std::min(old, newsize));
+    if (old > 0 && impl->data()) {
+      rt_call([&] {
+        neuronrt::memcpy(fresh.get(), impl->data(), std::min(old, newsize), neuronrt::MemcpyKind::DeviceToDevice,
+                         neuronrt::current_stream(impl->device().index()));
+      });
+    }
   } else {
     fresh = c10::DataPtr(nullptr, impl->device());
   }

@@ -8,6 +8,7 @@
 
 #include "NeuronFunctions.h"
 #include "csrc/runtime/CachingAllocator.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 neuronrt::CachingAllocator& rt_allocator() { return neuronrt::CachingAllocator::instance(); }
 
 void* rt_allocate(c10::DeviceIndex device, size_t nbytes) {
-  return rt_call([&] { return rt_allocator().allocate(device, nbytes); });
+  return rt_call([&] { return neuronrt::malloc(device, nbytes); });
 }
 
 void to_c10(const neuronrt::StatArray& in, c10::CachingAllocator::StatArray& out) {
@@ -36,7 +37,10 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
   }
   c10::DeleterFnPtr raw_deleter() const override { return &device_free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
+    rt_call([&] {
+      neuronrt::memcpy(dest, src, count, neuronrt::MemcpyKind::DeviceToDevice,
+                       neuronrt::current_stream(neuronrt::current_device()));
+    });
   }
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t) override { rt_allocator().empty_cache(); }
@@ -96,7 +100,7 @@ class StagingAllocator final : public c10::Allocator {
 StagingAllocator* g_staging = nullptr;
 
 void StagingAllocator::raw_delete(void* ptr) {
-  if (ptr && rt_allocator().block_size(ptr) > 0) {
+  if (ptr && neuronrt::pointer_device(ptr) >= 0) {
     device_free(ptr);
   } else if (auto del = g_staging->base_->raw_deleter()) {
     del(ptr);
@@ -105,9 +109,7 @@ void StagingAllocator::raw_delete(void* ptr) {
 
 }  // namespace
 
-void device_free(void* ptr) {
-  if (ptr) rt_allocator().free(ptr);
-}
+void device_free(void* ptr) { neuronrt::free(ptr); }
 
 c10::Allocator* device_allocator() { return &g_device_allocator; }
 

@@ -12,6 +12,7 @@
 #include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Device.h"
 #include "csrc/runtime/Process.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace py = pybind11;
 
@@ -96,6 +97,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_alias", &at::neuron::host_alias);
   m.def("_device_tensor", [](const at::Tensor& t, int device) {
     return at::neuron::device_tensor(t, static_cast<c10::DeviceIndex>(device));
+  });
+  // Runs fn() as a kernel on `device`'s current stream: host code working on
+  // aliases of device memory (compiled graphs) is device work like any other.
+  m.def("_launch", [](int device, py::function fn) {
+    py::object result;
+    at::neuron::rt_call([&] {
+      neuronrt::current_stream(device).launch([&] { result = fn(); });
+    });
+    return result;
   });
   py::class_<Staging>(m, "_Staging")
       .def(py::init<int>())

@@ -6,6 +6,7 @@
 #include "Device.h"
 #include "Error.h"
 #include "Process.h"
+#include "Protect.h"
 
 namespace neuronrt {
 namespace {
@@ -78,6 +79,7 @@ void CachingAllocator::release_block(DeviceState& ds, Block* b) {
   update(ds.stats.reserved_bytes, b->size, -static_cast<int64_t>(b->size));
   ds.stats.num_device_free++;
   segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
+  if (protect_enabled()) protect_remove_segment(b->ptr);
   std::free(b->ptr);
   delete b;
 }
@@ -102,8 +104,11 @@ void* CachingAllocator::allocate(int device, size_t size) {
     }
     void* ptr = nullptr;
     if (reserved() + rounded <= ds.capacity) {
-      size_t bytes = (rounded + kAlignment - 1) / kAlignment * kAlignment;
-      ptr = std::aligned_alloc(kAlignment, bytes);
+      // Protect mode needs whole pages per segment.
+      size_t align = protect_enabled() ? protect_page_size() : kAlignment;
+      size_t bytes = (rounded + align - 1) / align * align;
+      ptr = std::aligned_alloc(align, bytes);
+      if (ptr && protect_enabled()) protect_add_segment(ptr, bytes);
     }
     if (!ptr) {
       ds.stats.num_ooms++;

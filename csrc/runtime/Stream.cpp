@@ -8,6 +8,7 @@
 #include "Device.h"
 #include "Error.h"
 #include "Process.h"
+#include "Protect.h"
 
 namespace neuronrt {
 namespace {
@@ -62,6 +63,7 @@ void Stream::launch(const std::function<void()>& fn) {
   if (in_bad_fork()) throw BadForkError();
   issued_.fetch_add(1);
   try {
+    DeviceAccess access;  // kernels may touch device memory (protect mode)
     fn();
   } catch (...) {
     completed_.fetch_add(1);

@@ -1,0 +1,39 @@
+// Protect mode (NEURON_RT_PROTECT=1): device memory is inaccessible to the
+// host (PROT_NONE) except while the runtime itself works on it, i.e. inside a
+// kernel launch or a runtime copy. A host read or write that bypasses the
+// runtime API then faults at the offending instruction instead of silently
+// working because device memory happens to be host memory. This is how the
+// test suite proves that the PyTorch layer goes through the seam.
+//
+// Access is process-wide (page protection cannot be per thread): while any
+// thread is inside the runtime, all device pages are accessible.
+#pragma once
+
+#include <cstddef>
+
+namespace neuronrt {
+
+// Whether protect mode is on (NEURON_RT_PROTECT, read once).
+bool protect_enabled() noexcept;
+
+// Page granularity of protected segments.
+size_t protect_page_size() noexcept;
+
+// RAII: device memory is accessible while at least one DeviceAccess lives.
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+
+ private:
+  bool active_;
+};
+
+// The allocator registers each segment it obtains from the system (page
+// aligned, whole pages) and unregisters it before returning it.
+void protect_add_segment(void* ptr, size_t bytes);
+void protect_remove_segment(void* ptr);
+
+}  // namespace neuronrt

@@ -1,0 +1,45 @@
+#include "Runtime.h"
+
+#include <cstring>
+
+#include "CachingAllocator.h"
+#include "Protect.h"
+
+namespace neuronrt {
+
+bool host_accessible() noexcept { return true; }
+
+void* malloc(int device, size_t bytes) { return CachingAllocator::instance().allocate(device, bytes); }
+
+void free(void* ptr) noexcept {
+  try {
+    CachingAllocator::instance().free(ptr);
+  } catch (...) {
+    // A pointer the allocator does not own: nothing of ours to release.
+  }
+}
+
+int pointer_device(const void* ptr) noexcept {
+  try {
+    return CachingAllocator::instance().device_of(ptr);
+  } catch (...) {
+    return -1;
+  }
+}
+
+void memcpy(void* dst, const void* src, size_t bytes, MemcpyKind kind, Stream& stream) {
+  (void)kind;  // one address space on the host runtime
+  if (bytes == 0) return;
+  stream.launch([&] { std::memcpy(dst, src, bytes); });
+}
+
+void memset(void* dst, int value, size_t bytes, Stream& stream) {
+  if (bytes == 0) return;
+  stream.launch([&] { std::memset(dst, value, bytes); });
+}
+
+void launch(Stream& stream, Kernel& kernel) {
+  stream.launch([&] { kernel.run(); });
+}
+
+}  // namespace neuronrt
