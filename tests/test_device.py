@@ -1,7 +1,7 @@
 """torch.neuron device API, torch.accelerator integration, autoload and multi-device basics."""
 import pytest
 import torch
-from conftest import assert_same, run_json
+from conftest import assert_same, run_json, run_python
 
 
 # ---- availability, device selection -----------------------------------------------------------------------------
@@ -167,6 +167,65 @@ def test_visible_cores_env_takes_precedence():
     assert out["phys"] == [0, 2, 3]
     assert out["last"] == [7, 7]
     assert "Invalid neuron device index 3" in out["err"]
+
+
+# A malformed variable must not break `import torch`, but every checked entry
+# point (is_available, device_count, first device use, Accelerate's device
+# discovery) raises a ValueError naming it instead of reporting 0 devices.
+_BAD_CONFIG_PROBE = """
+    import json, torch
+    out = {"imported": True}
+    def probe(fn):
+        try:
+            fn()
+            return None
+        except Exception as e:
+            return [type(e).__name__, str(e)]
+    out["is_available"] = probe(torch.neuron.is_available)
+    out["device_count"] = probe(torch.neuron.device_count)
+    out["accelerator"] = probe(torch.accelerator.is_available)
+    out["first_use"] = probe(lambda: torch.ones(2, device="neuron"))
+    out["set_device"] = probe(lambda: torch.neuron.set_device(0))
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("var,value", [
+    ("NEURON_RT_NUM_CORES", "abc"), ("NEURON_RT_NUM_CORES", "-5"), ("NEURON_RT_NUM_CORES", "0"),
+    ("NEURON_RT_NUM_CORES", "3-1"),
+    ("NEURON_RT_VISIBLE_CORES", "abc"), ("NEURON_RT_VISIBLE_CORES", "3-1"), ("NEURON_RT_VISIBLE_CORES", "-5"),
+    ("NEURON_RT_VISIBLE_CORES", "0,1,1"), ("NEURON_RT_VISIBLE_CORES", "0-2,1"),
+    ("NEURON_RT_HBM_BYTES", "lots"), ("NEURON_RT_HBM_BYTES", "-1"), ("NEURON_RT_HBM_BYTES", "10P"),
+])
+def test_malformed_device_config_raises_naming_the_variable(var, value):
+    out = run_json(_BAD_CONFIG_PROBE, env={var: value})
+    assert out["imported"]
+    for entry in ("is_available", "device_count", "accelerator", "first_use", "set_device"):
+        assert out[entry] is not None, f"{entry} accepted {var}={value!r}"
+        kind, message = out[entry]
+        assert kind == "ValueError", (entry, kind, message)
+        assert f"{var}='{value}'" in message and "Accepted:" in message, message
+
+
+def test_malformed_device_config_stops_accelerate_device_discovery():
+    # HF's `check_device=True` probes swallow RuntimeError into "no neuron":
+    # the ValueError must reach the user instead of a silent CPU fallback.
+    proc = run_python("""
+        from accelerate import PartialState
+        print(PartialState().device)
+    """, env={"NEURON_RT_HBM_BYTES": "lots"}, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert "ValueError" in proc.stderr and "NEURON_RT_HBM_BYTES='lots'" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value,expected", [("16GiB", 16 << 30), ("16G", 16 << 30), ("1.5G", 3 << 29),
+                                            ("512MiB", 512 << 20), ("1048576", 1 << 20)])
+def test_hbm_bytes_accepted_forms(value, expected):
+    out = run_json("""
+        import json, torch
+        print(json.dumps([torch.neuron.get_device_properties(0).total_memory, torch.neuron.mem_get_info(0)[1]]))
+    """, env={"NEURON_RT_HBM_BYTES": value})
+    assert out == [expected, expected]
 
 
 # ---- autoload ------------------------------------------------------------------------------------------------------

@@ -25,11 +25,19 @@ _init_lock = threading.Lock()
 
 
 def is_available() -> bool:
-    """True if at least one NeuronCore is visible. Creates no device context."""
+    """True if at least one NeuronCore is visible. Creates no device context.
+
+    Raises ValueError naming the variable when ``NEURON_RT_NUM_CORES``,
+    ``NEURON_RT_VISIBLE_CORES`` or ``NEURON_RT_HBM_BYTES`` is malformed, rather
+    than reporting no device (callers would silently fall back to the CPU).
+    """
+    _C._check_configuration()
     return _C._device_count() > 0
 
 
 def device_count() -> int:
+    """Number of visible NeuronCores; raises ValueError like ``is_available``."""
+    _C._check_configuration()
     return _C._device_count()
 
 
@@ -40,6 +48,7 @@ def is_initialized() -> bool:
 def _lazy_init():
     global _initialized
     with _init_lock:
+        _C._check_configuration()
         _initialized = True
 
 
