@@ -99,6 +99,45 @@ def test_device_name_properties_capability():
     assert torch.neuron.mem_get_info(0)[1] == props.total_memory
 
 
+_DENSE_DTYPES = {
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
+    torch.float8_e8m0fnu,
+}
+
+
+def test_accelerator_device_capability():
+    caps = [torch.accelerator.get_device_capability(d) for d in ("neuron:0", "neuron:1", 0, None)]
+    assert all(c == caps[0] for c in caps)
+    supported = caps[0]["supported_dtypes"]
+    assert supported == _DENSE_DTYPES
+    # Every supported dtype allocates on the device and converts exactly to
+    # every other one, as on the CPU.
+    src = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    for a in supported:
+        x = src.to(a)
+        on_dev = x.to("neuron:1")
+        assert on_dev.dtype == a
+        for b in supported:
+            got, want = on_dev.to(b).cpu(), x.to(b)
+            assert got.dtype == b and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (a, b)
+    # Dtypes left out really lack neuron storage (quantized) or conversions (bits).
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.quantize_per_tensor(src, 0.1, 0, torch.qint8).to("neuron")
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.zeros(4, dtype=torch.uint8).view(torch.bits8).to("neuron").to(torch.float32)
+
+
+def test_device_capability_rejects_bad_devices_like_torch_neuron():
+    for bad in ("neuron:9", 9):
+        with pytest.raises(RuntimeError, match="Invalid neuron device index 9") as acc:
+            torch.accelerator.get_device_capability(bad)
+        with pytest.raises(RuntimeError) as mod:
+            torch.neuron.get_device_capability(bad)
+        assert str(acc.value).splitlines()[0] == str(mod.value).splitlines()[0]
+
+
 def test_amp_dtypes_and_bf16():
     assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
     assert torch.neuron.is_bf16_supported() is True
