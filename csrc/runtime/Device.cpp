@@ -29,7 +29,7 @@ bool all_digits(const std::string& text) {
 // A non-negative decimal integer no larger than `max`; no sign, no spaces.
 int parse_index(const std::string& text, int max, const char* what) {
   if (!all_digits(text)) {
-    throw Error("'" + text + "' is not a non-negative integer " + what);
+    throw Error(std::string(what) + " '" + text + "' is not a non-negative decimal integer");
   }
   if (text.size() > 6 || std::stoi(text) > max) {
     throw Error(std::string(what) + " " + text + " exceeds the maximum " + std::to_string(max));
