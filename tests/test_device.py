@@ -224,6 +224,7 @@ _BAD_CONFIG_PROBE = """
             return [type(e).__name__, str(e)]
     out["is_available"] = probe(torch.neuron.is_available)
     out["device_count"] = probe(torch.neuron.device_count)
+    out["init"] = probe(torch.neuron.init)
     out["accelerator"] = probe(torch.accelerator.is_available)
     out["first_use"] = probe(lambda: torch.ones(2, device="neuron"))
     out["set_device"] = probe(lambda: torch.neuron.set_device(0))
@@ -241,7 +242,7 @@ _BAD_CONFIG_PROBE = """
 def test_malformed_device_config_raises_naming_the_variable(var, value):
     out = run_json(_BAD_CONFIG_PROBE, env={var: value})
     assert out["imported"] and out["cpu"] == 6  # CPU-only work is unaffected
-    for entry in ("is_available", "device_count", "accelerator", "first_use", "set_device"):
+    for entry in ("is_available", "device_count", "init", "accelerator", "first_use", "set_device"):
         assert out[entry] is not None, f"{entry} accepted {var}={value!r}"
         kind, message = out[entry]
         assert kind == "ValueError", (entry, kind, message)
