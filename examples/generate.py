@@ -101,6 +101,28 @@ def import_backend(device: str) -> None:
         )
 
 
+def check_device(device: str) -> str | None:
+    """Why ``device`` cannot run this example (None if it can): checked before the model loads."""
+    if device_type(device) == "neuron":
+        import_backend(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        return f"'{device}' is not a torch device ({str(error).splitlines()[0]})"
+    if dev.type == "cpu":
+        return None
+    module = getattr(torch, dev.type, None)
+    try:
+        count = module.device_count() if module is not None and module.is_available() else 0
+    except (RuntimeError, ValueError) as error:  # e.g. a malformed NEURON_RT_* variable
+        return f"{dev.type} is not usable: {error}"
+    if count == 0:
+        return f"no {dev.type} device is available in this process (try --device cpu)"
+    if dev.index is not None and not 0 <= dev.index < count:
+        return f"{device} does not exist: there are {count} {dev.type} device(s), {dev.type}:0..{dev.type}:{count - 1}"
+    return None
+
+
 def synchronize(device) -> None:
     """Wait for all queued work on ``device`` (no-op on CPU)."""
     kind = device_type(device)
@@ -279,23 +301,29 @@ def run_generate(model, inputs, gen_kwargs, tokenizer=None, echo=False):
 
 # --------------------------------------------------------------------------- main
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="neuron", help="torch device (default: neuron)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", default="neuron", help="torch device: neuron, neuron:N or cpu")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message for the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--cache", choices=("static", "dynamic"), default="static", help="KV cache (default: static)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    p.add_argument("--cache", choices=("static", "dynamic"), default="static", help="KV cache")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="model dtype")
     p.add_argument("--compare-cpu", action="store_true",
                    help="also run the same greedy generation on CPU (eager) and require identical text")
     p.add_argument("--no-compile", action="store_true",
                    help="static cache without torch.compile (generation_config.disable_compile=True)")
     p.add_argument("--force-compile", action="store_true",
                    help="compile the static-cache decode step even on devices transformers does not auto-compile for (CPU)")
-    p.add_argument("--compile-backend", default=None, help="torch.compile backend (default: inductor)")
-    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: reduce-overhead)")
+    p.add_argument("--compile-backend", default=None, help="torch.compile backend; None means inductor")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode; None means reduce-overhead")
     args = p.parse_args(argv)
     if args.no_compile and args.force_compile:
         p.error("--no-compile and --force-compile are mutually exclusive")
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be at least 1")
+    problem = check_device(args.device)
+    if problem:
+        p.error(f"--device {args.device}: {problem}")
     return args
 
 

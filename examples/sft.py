@@ -85,18 +85,56 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------- pieces
-def load_tokenizer_and_model():
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+def load_tokenizer():
+    from transformers import AutoTokenizer
 
     gguf = find_gguf()
-    start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def load_model():
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    gguf = find_gguf()
     # Loaded on CPU in fp32; the Trainer moves it to the training device (neuron:0).
-    model = AutoModelForCausalLM.from_pretrained(
+    return AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
         quantization_config=GgufConfig(dequantize=True),
     )
-    return tokenizer, model, time.perf_counter() - start
+
+
+def check_answers_fit(tokenizer, splits: dict, max_length: int, batch_size: int) -> None:
+    """Fails early when ``--max-length`` cuts the answers off.
+
+    The loss is on the answer tokens only, and they come after the prompt (chat template,
+    system prompt and question). TRL truncates each chat to ``max_length`` tokens and drops the
+    chats left without any answer token; when too few remain, training has no batch and
+    ``evaluate()`` no loss (``KeyError: 'eval_loss'``). Counted here from the tokenizer,
+    before the model is loaded.
+    """
+    problems, notes, longest = [], [], 0
+    for name, data in splits.items():
+        if data is None:
+            continue
+        prompt_lens = [len(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                         return_dict=False)) for row in data]
+        longest = max(longest, *prompt_lens)
+        kept = sum(n < max_length for n in prompt_lens)
+        need = batch_size if name == "training" else 1  # training drops incomplete batches
+        line = (f"{len(data) - kept} of {len(data)} {name} chats have prompts of {max_length} tokens or more "
+                f"(prompts take {min(prompt_lens)}-{max(prompt_lens)} tokens)")
+        if kept < need:
+            problems.append(f"{line}, leaving {kept} (at least {need} needed)")
+        elif kept < len(data):
+            notes.append(f"{line} and are skipped")
+    if problems:
+        raise SystemExit(
+            f"error: --max-length {max_length} leaves no answer tokens to learn from: "
+            + "; ".join(problems) + ". The loss is on the answers only, which follow the prompt, and TRL drops "
+            f"chats truncated before their answer. Use --max-length {longest + 16} or more "
+            f"(the longest prompt is {longest} tokens).")
+    for note in notes:
+        print(f"[data] note: --max-length {max_length}: {note} (no answer token left)", file=sys.stderr)
 
 
 def load_dataset(path: Path):
@@ -163,11 +201,15 @@ def main(argv=None) -> int:
         # one graph for the whole run: shapes are fixed below, never retrace as dynamic
         torch._dynamo.config.automatic_dynamic_shapes = False
 
-    tokenizer, model, load_s = load_tokenizer_and_model()
+    start = time.perf_counter()
+    tokenizer = load_tokenizer()
     dataset, eval_dataset = load_dataset(args.data), None
     if args.eval_size > 0:
         split = dataset.train_test_split(test_size=args.eval_size, seed=args.seed)
         dataset, eval_dataset = split["train"], split["test"]
+    check_answers_fit(tokenizer, {"training": dataset, "held-out": eval_dataset}, args.max_length, args.batch_size)
+    model = load_model()
+    load_s = time.perf_counter() - start
     print(f"[load] {find_gguf().name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters "
           f"in {load_s:.1f}s; {len(dataset)} training + {args.eval_size} held-out chats from {args.data}",
           file=sys.stderr)
@@ -233,7 +275,7 @@ def main(argv=None) -> int:
     print(f"[loss] mean of first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({verdict})")
     if eval_dataset is not None:
         verdict = "down" if eval_after < eval_before else "NOT down"
-        print(f"[eval] loss on {len(eval_dataset)} held-out chats: {eval_before:.3f} before -> "
+        print(f"[eval] loss on {len(trainer.eval_dataset)} held-out chats: {eval_before:.3f} before -> "
               f"{eval_after:.3f} after training ({verdict})")
     print(f"[time] {len(steps)} steps in {train_s:.1f}s; first step {summary['first_step_s']:.2f}s, "
           f"then median {summary['median_step_s']:.2f}s/step")

@@ -355,6 +355,44 @@ def test_autocast_bf16_op_dtypes_match_cpu():
             assert dtypes[DEV] == torch.bfloat16, name
 
 
+def test_autocast_default_dtype_is_bf16():
+    # bf16 is the NeuronCore's native low precision; ATen's PrivateUse1 default is fp16.
+    assert torch.get_autocast_dtype(DEV) == torch.bfloat16
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    with torch.autocast(DEV):
+        assert torch.get_autocast_dtype(DEV) == torch.bfloat16
+        out = x.to(DEV) @ w.to(DEV)
+    assert out.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = x @ w
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=0)
+    # An explicit dtype still wins, and the default comes back afterwards.
+    with torch.autocast(DEV, dtype=torch.float16):
+        assert (x.to(DEV) @ w.to(DEV)).dtype == torch.float16
+    assert torch.get_autocast_dtype(DEV) == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_binary_cross_entropy_is_banned_like_cuda(dtype):
+    torch.manual_seed(0)
+    logits, target = torch.randn(6, 1), torch.rand(6, 1)
+    with torch.autocast(DEV, dtype=dtype):
+        probs = torch.sigmoid(logits.to(DEV).to(dtype))
+        with pytest.raises(RuntimeError, match="unsafe under torch.autocast.*binary_cross_entropy_with_logits"):
+            F.binary_cross_entropy(probs, target.to(DEV))
+        with pytest.raises(RuntimeError, match="unsafe under torch.autocast"):
+            nn.BCELoss()(probs, target.to(DEV))
+        # The recommended form runs in fp32 and matches CPU autocast.
+        loss = F.binary_cross_entropy_with_logits(logits.to(DEV).to(dtype), target.to(DEV))
+    assert loss.dtype == torch.float32
+    with torch.autocast("cpu", dtype=dtype):
+        ref = F.binary_cross_entropy_with_logits(logits.to(dtype), target)
+    torch.testing.assert_close(loss.cpu(), ref)
+    # Outside autocast the op is unaffected.
+    assert_close_bce = F.binary_cross_entropy(torch.sigmoid(logits.to(DEV)), target.to(DEV))
+    torch.testing.assert_close(assert_close_bce.cpu(), F.binary_cross_entropy(torch.sigmoid(logits), target))
+
+
 def test_autocast_bf16_transformer_backward():
     cpu, dev = pair(TinyLM)
     ids, target = lm_batches(1)[0]

@@ -1,7 +1,7 @@
 """torch.neuron device API, torch.accelerator integration, autoload and multi-device basics."""
 import pytest
 import torch
-from conftest import assert_same, run_json
+from conftest import assert_same, run_json, run_python
 
 
 # ---- availability, device selection -----------------------------------------------------------------------------
@@ -99,6 +99,45 @@ def test_device_name_properties_capability():
     assert torch.neuron.mem_get_info(0)[1] == props.total_memory
 
 
+_DENSE_DTYPES = {
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
+    torch.float8_e8m0fnu,
+}
+
+
+def test_accelerator_device_capability():
+    caps = [torch.accelerator.get_device_capability(d) for d in ("neuron:0", "neuron:1", 0, None)]
+    assert all(c == caps[0] for c in caps)
+    supported = caps[0]["supported_dtypes"]
+    assert supported == _DENSE_DTYPES
+    # Every supported dtype allocates on the device and converts exactly to
+    # every other one, as on the CPU.
+    src = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    for a in supported:
+        x = src.to(a)
+        on_dev = x.to("neuron:1")
+        assert on_dev.dtype == a
+        for b in supported:
+            got, want = on_dev.to(b).cpu(), x.to(b)
+            assert got.dtype == b and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (a, b)
+    # Dtypes left out really lack neuron storage (quantized) or conversions (bits).
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.quantize_per_tensor(src, 0.1, 0, torch.qint8).to("neuron")
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.zeros(4, dtype=torch.uint8).view(torch.bits8).to("neuron").to(torch.float32)
+
+
+def test_device_capability_rejects_bad_devices_like_torch_neuron():
+    for bad in ("neuron:9", 9):
+        with pytest.raises(RuntimeError, match="Invalid neuron device index 9") as acc:
+            torch.accelerator.get_device_capability(bad)
+        with pytest.raises(RuntimeError) as mod:
+            torch.neuron.get_device_capability(bad)
+        assert str(acc.value).splitlines()[0] == str(mod.value).splitlines()[0]
+
+
 def test_amp_dtypes_and_bf16():
     assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
     assert torch.neuron.is_bf16_supported() is True
@@ -167,6 +206,68 @@ def test_visible_cores_env_takes_precedence():
     assert out["phys"] == [0, 2, 3]
     assert out["last"] == [7, 7]
     assert "Invalid neuron device index 3" in out["err"]
+
+
+# A malformed variable must not break `import torch`, but every checked entry
+# point (is_available, device_count, first device use, Accelerate's device
+# discovery) raises a ValueError naming it instead of reporting 0 devices.
+_BAD_CONFIG_PROBE = """
+    import json, torch
+    out = {"imported": True}
+    torch.manual_seed(0)  # seeds every device module: must not trip over the bad configuration
+    out["cpu"] = torch.arange(4).sum().item()
+    def probe(fn):
+        try:
+            fn()
+            return None
+        except Exception as e:
+            return [type(e).__name__, str(e)]
+    out["is_available"] = probe(torch.neuron.is_available)
+    out["device_count"] = probe(torch.neuron.device_count)
+    out["init"] = probe(torch.neuron.init)
+    out["accelerator"] = probe(torch.accelerator.is_available)
+    out["first_use"] = probe(lambda: torch.ones(2, device="neuron"))
+    out["set_device"] = probe(lambda: torch.neuron.set_device(0))
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("var,value", [
+    ("NEURON_RT_NUM_CORES", "abc"), ("NEURON_RT_NUM_CORES", "-5"), ("NEURON_RT_NUM_CORES", "0"),
+    ("NEURON_RT_NUM_CORES", "3-1"),
+    ("NEURON_RT_VISIBLE_CORES", "abc"), ("NEURON_RT_VISIBLE_CORES", "3-1"), ("NEURON_RT_VISIBLE_CORES", "-5"),
+    ("NEURON_RT_VISIBLE_CORES", "0,1,1"), ("NEURON_RT_VISIBLE_CORES", "0-2,1"),
+    ("NEURON_RT_HBM_BYTES", "lots"), ("NEURON_RT_HBM_BYTES", "-1"), ("NEURON_RT_HBM_BYTES", "10P"),
+])
+def test_malformed_device_config_raises_naming_the_variable(var, value):
+    out = run_json(_BAD_CONFIG_PROBE, env={var: value})
+    assert out["imported"] and out["cpu"] == 6  # CPU-only work is unaffected
+    for entry in ("is_available", "device_count", "init", "accelerator", "first_use", "set_device"):
+        assert out[entry] is not None, f"{entry} accepted {var}={value!r}"
+        kind, message = out[entry]
+        assert kind == "ValueError", (entry, kind, message)
+        assert f"{var}='{value}'" in message and "Accepted:" in message, message
+
+
+def test_malformed_device_config_stops_accelerate_device_discovery():
+    # HF's `check_device=True` probes swallow RuntimeError into "no neuron":
+    # the ValueError must reach the user instead of a silent CPU fallback.
+    proc = run_python("""
+        from accelerate import PartialState
+        print(PartialState().device)
+    """, env={"NEURON_RT_HBM_BYTES": "lots"}, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert "ValueError" in proc.stderr and "NEURON_RT_HBM_BYTES='lots'" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value,expected", [("16GiB", 16 << 30), ("16G", 16 << 30), ("1.5G", 3 << 29),
+                                            ("512MiB", 512 << 20), ("1048576", 1 << 20)])
+def test_hbm_bytes_accepted_forms(value, expected):
+    out = run_json("""
+        import json, torch
+        print(json.dumps([torch.neuron.get_device_properties(0).total_memory, torch.neuron.mem_get_info(0)[1]]))
+    """, env={"NEURON_RT_HBM_BYTES": value})
+    assert out == [expected, expected]
 
 
 # ---- autoload ------------------------------------------------------------------------------------------------------

@@ -42,6 +42,11 @@ _rename_backend()
 from . import _C  # noqa: E402  (registers kernels, guard, hooks, allocators)
 from . import neuron as _neuron_module  # noqa: E402
 
+# bf16 is the NeuronCore's native low precision (ATen defaults PrivateUse1 to
+# fp16). ATen keeps this default per thread: it applies to the importing
+# thread, and autograd's worker threads inherit it; see docs/api.md.
+torch.set_autocast_dtype(_BACKEND, torch.bfloat16)
+
 if not hasattr(torch, _BACKEND):
     torch._register_device_module(_BACKEND, _neuron_module)
 if not hasattr(torch.Tensor, "is_neuron"):

@@ -16,14 +16,17 @@ inline c10::Device device_of_index(c10::DeviceIndex index) {
 }
 
 // Runs `fn`, turning runtime errors into c10 errors: OutOfMemoryError becomes
-// torch.OutOfMemoryError, an invalid index becomes a RuntimeError that names
-// the valid range.
+// torch.OutOfMemoryError, a malformed NEURON_RT_* variable a ValueError (not
+// a RuntimeError, which HF's availability probes swallow into "no device"),
+// an invalid index a RuntimeError that names the valid range.
 template <typename F>
 decltype(auto) rt_call(F&& fn) {
   try {
     return fn();
   } catch (const neuronrt::OutOfMemoryError& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const neuronrt::ConfigurationError& e) {
+    TORCH_CHECK_VALUE(false, e.what());
   } catch (const neuronrt::Error& e) {
     TORCH_CHECK(false, e.what());
   }

@@ -1,5 +1,6 @@
 // DeviceGuardImplInterface for PrivateUse1: what torch.accelerator,
 // torch.Stream/torch.Event, DeviceGuard and autograd's stream handling call.
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "NeuronFunctions.h"
@@ -40,6 +41,25 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(neuronrt::device_count());
+  }
+
+  // torch.accelerator.get_device_capability: the dtypes a neuron tensor can
+  // be allocated in and converted between. Device memory is plain bytes
+  // served to ATen's kernels, so that is every dense dtype with copy/convert
+  // kernels; quantized, bits, sub-byte and fp4 dtypes have none.
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    at::neuron::check_device(static_cast<c10::DeviceIndex>(index_of(d)));
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (auto index : {c10::kIndex_Bool, c10::kIndex_Byte, c10::kIndex_Char, c10::kIndex_Short, c10::kIndex_Int,
+                       c10::kIndex_Long, c10::kIndex_UInt16, c10::kIndex_UInt32, c10::kIndex_UInt64,
+                       c10::kIndex_Half, c10::kIndex_BFloat16, c10::kIndex_Float, c10::kIndex_Double,
+                       c10::kIndex_ComplexHalf, c10::kIndex_ComplexFloat, c10::kIndex_ComplexDouble,
+                       c10::kIndex_Float8_e5m2, c10::kIndex_Float8_e4m3fn, c10::kIndex_Float8_e5m2fnuz,
+                       c10::kIndex_Float8_e4m3fnuz, c10::kIndex_Float8_e8m0fnu}) {
+      cap.capability_data.capability_bits |= uint64_t{1} << index;
+    }
+    return cap;
   }
 
   // An unindexed device ("neuron") means the current device, as on CUDA.

@@ -60,6 +60,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_counts", &at::neuron::fallback_counts);
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
 
+  // Unchecked (0 for a malformed configuration): safe during import.
   m.def("_device_count", [] { return neuronrt::device_count(); });
   m.def("_lazy_init", [] {
     at::neuron::lazy_init();
@@ -70,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_initialized", [] { return neuronrt::is_initialized(); });
   m.def("_in_bad_fork", [] { return neuronrt::in_bad_fork(); });
   m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
+  m.def("_check_configuration", [] { at::neuron::rt_call([] { neuronrt::check_configuration(); }); });
   m.def("_current_device", [] { return neuronrt::current_device(); });
   m.def("_set_device", [](int index) { at::neuron::rt_call([&] { neuronrt::set_device(index); }); });
   m.def("_exchange_device", [](int index) {

@@ -19,11 +19,35 @@ struct DeviceProperties {
   int minor = 0;
 };
 
+// The device configuration read from NEURON_RT_VISIBLE_CORES,
+// NEURON_RT_NUM_CORES and NEURON_RT_HBM_BYTES.
+struct DeviceConfig {
+  std::vector<int> cores;  // physical core of each device index
+  size_t hbm_bytes = 0;    // HBM budget per device
+  // Empty when valid; otherwise one line per malformed variable naming it,
+  // its value and the accepted forms. A malformed configuration has no cores.
+  std::string error;
+};
+
+// Validates the raw variable values (null or empty = unset). Never throws:
+// errors are reported in DeviceConfig::error.
+DeviceConfig parse_device_config(const char* visible_cores, const char* num_cores,
+                                 const char* hbm_bytes);
+
 // Number of visible cores. Reads NEURON_RT_VISIBLE_CORES ("0-3", "1,3") or
-// NEURON_RT_NUM_CORES once; defaults to 2. Never throws.
+// NEURON_RT_NUM_CORES once; defaults to 2. Never throws (PyTorch's
+// deviceCount contract): a malformed configuration counts 0 devices and is
+// raised by check_configuration() and every checked device entry point.
 int device_count() noexcept;
 
-// Throws InvalidDeviceError unless 0 <= device < device_count().
+// Empty when the environment's device configuration is valid.
+const std::string& configuration_error() noexcept;
+
+// Throws ConfigurationError when the environment's configuration is malformed.
+void check_configuration();
+
+// Throws ConfigurationError for a malformed configuration, otherwise
+// InvalidDeviceError unless 0 <= device < device_count().
 void check_device(int device);
 
 int current_device() noexcept;
@@ -36,11 +60,20 @@ const DeviceProperties& device_properties(int device);
 // Waits for all work on all streams of `device`.
 void synchronize_device(int device);
 
-// Parses "16G", "512MiB", "1073741824" into bytes; returns fallback when
-// `text` is null or empty; throws Error on malformed input.
+// Parses a positive size such as "16G", "16GiB", "1.5G", "512MiB" or
+// "1073741824" into bytes (all suffixes are binary: K = KB = KiB = 1024);
+// returns fallback when `text` is null or empty; throws Error otherwise.
 size_t parse_bytes(const char* text, size_t fallback);
 
-// Parses a core list such as "0-3" or "1,3,5"; throws Error when malformed.
+// Parses a core list such as "0-3" or "1,3,5" (ascending ranges, no
+// duplicates, indices 0..kMaxCoreIndex); throws Error when malformed.
 std::vector<int> parse_core_list(const std::string& text);
+
+// Parses a device count 1..kMaxDevices; throws Error when malformed.
+int parse_core_count(const std::string& text);
+
+// c10::DeviceIndex is an int8_t, so at most 128 devices are addressable.
+constexpr int kMaxDevices = 128;
+constexpr int kMaxCoreIndex = kMaxDevices - 1;
 
 }  // namespace neuronrt

@@ -21,6 +21,13 @@ class InvalidDeviceError : public Error {
   int count;
 };
 
+// A malformed NEURON_RT_* variable. Raised by checked entry points rather
+// than at startup, so that a bad value cannot break `import torch`.
+class ConfigurationError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An allocation that does not fit in the device's HBM even after the cache
 // was released.
 class OutOfMemoryError : public Error {

@@ -25,11 +25,19 @@ _init_lock = threading.Lock()
 
 
 def is_available() -> bool:
-    """True if at least one NeuronCore is visible. Creates no device context."""
+    """True if at least one NeuronCore is visible. Creates no device context.
+
+    Raises ValueError naming the variable when ``NEURON_RT_NUM_CORES``,
+    ``NEURON_RT_VISIBLE_CORES`` or ``NEURON_RT_HBM_BYTES`` is malformed, rather
+    than reporting no device (callers would silently fall back to the CPU).
+    """
+    _C._check_configuration()
     return _C._device_count() > 0
 
 
 def device_count() -> int:
+    """Number of visible NeuronCores; raises ValueError like ``is_available``."""
+    _C._check_configuration()
     return _C._device_count()
 
 
@@ -48,6 +56,7 @@ def _lazy_init():
                 "Cannot re-initialize neuron in forked subprocess. To use neuron with multiprocessing, you must "
                 "use the 'spawn' start method")
         _check_not_in_dataloader_worker()
+        _C._check_configuration()
         _C._lazy_init()
         _initialized = True
 

@@ -1,0 +1,113 @@
+"""The README snippet and the examples' argument checks, each in a fresh interpreter."""
+import re
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_json, run_python
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def _readme_python_blocks():
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_snippet_runs_as_written_and_matches_cpu():
+    blocks = _readme_python_blocks()
+    assert len(blocks) == 1, "the README should have exactly one python snippet"
+    # The snippet as written, then a check of what it computed against CPU autocast.
+    check = textwrap.dedent("""
+        import copy, json
+        ref = copy.deepcopy(model).cpu()
+        ref.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ref_loss = ref(x.cpu()).sum()
+        ref_loss.backward()
+        grads = [(p.grad.device.type, (p.grad.cpu() - r.grad).abs().max().item(), r.grad.abs().max().item())
+                 for p, r in zip(model.parameters(), ref.parameters())]
+        print(json.dumps({"loss": loss.item(), "ref": ref_loss.item(), "loss_dev": loss.device.type,
+                          "grads": grads}))
+    """)
+    out = run_json(blocks[0] + check)
+    assert out["loss_dev"] == "neuron"
+    assert out["loss"] == pytest.approx(out["ref"], rel=2e-2, abs=2e-2)
+    for device, diff, scale in out["grads"]:
+        assert device == "neuron"
+        assert diff <= 3e-2 * max(1.0, scale)
+
+
+# ---- examples/generate.py: --device is checked before the model loads --------------------------------------------
+
+# A GGUF path that does not exist: reaching the model loader fails with FileNotFoundError,
+# so a device error proves the check ran first.
+_NO_MODEL = {"SMOLLM2_GGUF": "/nonexistent/model.gguf"}
+
+
+@pytest.mark.parametrize("device,expected", [
+    ("neuron:9", "neuron:9 does not exist: there are 2 neuron device(s), neuron:0..neuron:1"),
+    ("cuda", "no cuda device is available"),
+    ("foo", "'foo' is not a torch device"),
+])
+def test_generate_rejects_bad_device_before_loading(device, expected):
+    start = time.monotonic()
+    proc = run_python(f"""
+        import sys
+        sys.argv = ["generate.py", "--device", {device!r}]
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        import generate
+        sys.exit(generate.main())
+    """, env=_NO_MODEL, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"--device {device}: {expected}" in proc.stderr, proc.stderr
+    assert "FileNotFoundError" not in proc.stderr and "[load]" not in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_generate_accepts_a_valid_device_and_then_loads():
+    proc = run_python(f"""
+        import sys
+        sys.argv = ["generate.py", "--device", "neuron:1"]
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        import generate
+        sys.exit(generate.main())
+    """, env=_NO_MODEL, check=False)
+    assert proc.returncode != 0
+    assert "SMOLLM2_GGUF=/nonexistent/model.gguf is not a file" in proc.stderr, proc.stderr
+
+
+def test_generate_help_shows_defaults():
+    proc = run_python(f"""
+        import sys
+        sys.argv = ["generate.py", "--help"]
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        import generate
+        generate.parse_args()
+    """, check=False)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    for expected in ("(default: neuron)", "(default: 64)", "(default: static)", "(default: float32)"):
+        assert expected in text, text
+
+
+# ---- examples/sft.py: a --max-length that cuts every answer off fails before training ------------------------------
+
+def test_sft_max_length_without_answer_tokens_fails_early():
+    pytest.importorskip("trl")
+    proc = run_python(f"""
+        import sys
+        sys.argv = ["sft.py", "--max-length", "32", "--max-steps", "1", "--no-sample"]
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        import sft
+        sys.exit(sft.main())
+    """, check=False)
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "KeyError" not in err and "eval_loss" not in err, err[-2000:]
+    assert "error: --max-length 32 leaves no answer tokens to learn from" in err, err[-2000:]
+    chats = sum(1 for line in (EXAMPLES / "data" / "sft_sample.jsonl").read_text().splitlines() if line.strip())
+    train = chats - 16  # --eval-size defaults to 16
+    assert f"{train} of {train} training chats" in err and "16 of 16 held-out chats" in err, err[-2000:]
+    assert "[load]" not in err and "[train]" not in err  # stopped before the model was loaded
