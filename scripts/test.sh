@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The test suite: runtime unit tests (GoogleTest via CTest), the packaging
-# check (wheel installed into a fresh venv), then the Python tests (device,
+# check (wheel installed into a fresh venv), the device/ops/OpInfo-subset
+# tests in protect mode, then the Python tests (device,
 # ops incl. the OpInfo differential subset, autograd, HF smoke).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctest --test-dir build/cmake --output-on-failure
 bash scripts/check_wheel.sh
+# Protect mode: device memory only through the runtime API (docs/runtime.md).
+NEURON_RT_PROTECT=1 python3 -m pytest -q -p no:cacheprovider tests/test_protect.py tests/test_device.py \
+  tests/test_errors.py tests/test_memory.py tests/test_autograd.py tests/test_compile.py tests/test_opinfo.py
 python3 -m pytest -q -p no:cacheprovider tests "$@"
