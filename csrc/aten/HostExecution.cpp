@@ -286,6 +286,7 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HostCall call(op);
 
   lazy_init();
+  AllocationContext context;  // labels this op's allocations (memory history)
   // Pass 1: find the device and reject device mixes before touching anything.
   for (size_t i = 0; i < num_args; ++i) {
     auto& iv = (*stack)[args_begin + i];

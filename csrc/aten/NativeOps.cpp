@@ -33,6 +33,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   c10::Device dev = target_device(device);
+  AllocationContext context;
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
@@ -47,6 +48,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
   c10::Device dev = target_device(device);
+  AllocationContext context;
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");

@@ -4,6 +4,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
+#include <atomic>
 #include <mutex>
 
 #include "NeuronFunctions.h"
@@ -118,6 +119,20 @@ StagingScope::StagingScope(c10::DeviceIndex device) : prev_(tls_staging_device) 
 }
 
 StagingScope::~StagingScope() { tls_staging_device = prev_; }
+
+namespace {
+std::atomic<AllocationContextHook> g_context_hook{nullptr};
+}  // namespace
+
+void set_allocation_context_hook(AllocationContextHook hook) { g_context_hook.store(hook); }
+
+AllocationContext::AllocationContext() : hook_(g_context_hook.load(std::memory_order_relaxed)) {
+  if (hook_) hook_(true);
+}
+
+AllocationContext::~AllocationContext() {
+  if (hook_) hook_(false);
+}
 
 void install_staging_allocator() {
   static std::once_flag once;

@@ -28,4 +28,22 @@ class StagingScope {
 // Installs the staging hook in front of ATen's CPU allocator (idempotent).
 void install_staging_allocator();
 
+// Memory-history recording (csrc/python/MemorySnapshot.cpp) labels each
+// allocation with the Python stack of the op that made it. Op entry points
+// open an AllocationContext before taking any lock; while recording, it calls
+// the installed hook, which captures the stack (taking the GIL if it must).
+using AllocationContextHook = void (*)(bool enter);
+void set_allocation_context_hook(AllocationContextHook hook);
+
+class AllocationContext {
+ public:
+  AllocationContext();
+  ~AllocationContext();
+  AllocationContext(const AllocationContext&) = delete;
+  AllocationContext& operator=(const AllocationContext&) = delete;
+
+ private:
+  AllocationContextHook hook_;
+};
+
 }  // namespace at::neuron

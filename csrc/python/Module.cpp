@@ -16,6 +16,10 @@
 
 namespace py = pybind11;
 
+namespace torch_neuronx {
+void register_memory_snapshot(py::module& m);  // MemorySnapshot.cpp
+}
+
 namespace {
 
 PyObject* default_generator(c10::DeviceIndex index) {
@@ -54,6 +58,7 @@ void drain_autograd_device_threads() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-neuronx native core";
   at::neuron::install_staging_allocator();
+  torch_neuronx::register_memory_snapshot(m);
 
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
         "Registers the device kernel table; returns the registered op names.");
@@ -113,6 +118,16 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<int>())
       .def("__enter__", &Staging::enter)
       .def("__exit__", [](Staging& s, py::args) { s.exit(); });
+  // torch.neuron.caching_allocator_alloc/delete: raw device memory.
+  m.def("_caching_allocator_alloc", [](size_t size, int device) {
+    return reinterpret_cast<uintptr_t>(at::neuron::rt_call([&] { return neuronrt::malloc(device, size); }));
+  });
+  m.def("_caching_allocator_delete", [](uintptr_t ptr) {
+    void* p = reinterpret_cast<void*>(ptr);
+    TORCH_CHECK(neuronrt::pointer_device(p) >= 0, "caching_allocator_delete: ", p,
+                " was not allocated by the neuron caching allocator");
+    neuronrt::free(p);
+  });
   m.def("_is_neuron_ptr", [](uintptr_t ptr) {
     return neuronrt::CachingAllocator::instance().device_of(reinterpret_cast<void*>(ptr));
   });

@@ -75,6 +75,7 @@ CachingAllocator::Block* CachingAllocator::take_cached(DeviceState& ds, size_t s
 }
 
 void CachingAllocator::release_block(DeviceState& ds, Block* b) {
+  notify(AllocatorEvent::Action::SegmentFree, b->device, b->ptr, b->size);
   update(ds.stats.segment, b->size, -1);
   update(ds.stats.reserved_bytes, b->size, -static_cast<int64_t>(b->size));
   ds.stats.num_device_free++;
@@ -112,12 +113,14 @@ void* CachingAllocator::allocate(int device, size_t size) {
     }
     if (!ptr) {
       ds.stats.num_ooms++;
+      notify(AllocatorEvent::Action::Oom, device, nullptr, size);
       throw OutOfMemoryError(device, size,
                              static_cast<size_t>(ds.stats.allocated_bytes[kAllPools].current),
                              reserved(), ds.capacity);
     }
     b = new Block{device, rounded, size, ptr, false};
     segments_.emplace(reinterpret_cast<uintptr_t>(ptr), b);
+    notify(AllocatorEvent::Action::SegmentAlloc, device, ptr, rounded);
     update(ds.stats.segment, rounded, 1);
     update(ds.stats.reserved_bytes, rounded, static_cast<int64_t>(rounded));
     ds.stats.num_device_alloc++;
@@ -129,6 +132,7 @@ void* CachingAllocator::allocate(int device, size_t size) {
   update(ds.stats.allocated_bytes, b->size, static_cast<int64_t>(b->size));
   update(ds.stats.active_bytes, b->size, static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, static_cast<int64_t>(size));
+  notify(AllocatorEvent::Action::Alloc, device, b->ptr, b->size);
   return b->ptr;
 }
 
@@ -149,6 +153,7 @@ void CachingAllocator::free(void* ptr) {
   update(ds.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
   ds.cache.emplace(b->size, b);
+  notify(AllocatorEvent::Action::Free, b->device, b->ptr, b->size);
 }
 
 void CachingAllocator::empty_cache(int device) {
@@ -212,6 +217,29 @@ size_t CachingAllocator::block_size(const void* ptr) const {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
   return it == segments_.end() ? 0 : it->second->size;
+}
+
+void CachingAllocator::set_observer(AllocatorObserver observer) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  observer_ = observer;
+}
+
+std::vector<BlockInfo> CachingAllocator::snapshot() const {
+  if (in_bad_fork()) throw BadForkError();
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::vector<BlockInfo> out;
+  out.reserve(segments_.size());
+  for (const auto& [addr, b] : segments_) out.push_back({b->device, addr, b->size, b->requested, b->in_use});
+  return out;
+}
+
+void CachingAllocator::set_memory_fraction(int device, double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw Error("memory fraction must be in [0, 1], got " + std::to_string(fraction));
+  }
+  if (in_bad_fork()) throw BadForkError();
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  state(device).capacity = static_cast<size_t>(static_cast<double>(device_properties(device).total_memory) * fraction);
 }
 
 }  // namespace neuronrt

@@ -48,6 +48,26 @@ struct DeviceStats {
   int64_t num_device_free = 0;
 };
 
+// What the allocator did, for memory-history recording (see set_observer).
+struct AllocatorEvent {
+  enum class Action { Alloc, Free, SegmentAlloc, SegmentFree, Oom };
+  Action action;
+  int device;
+  uintptr_t address;
+  size_t size;  // rounded block size (requested size for Oom)
+};
+// Called with the allocator's lock held: it must not call the allocator.
+using AllocatorObserver = void (*)(const AllocatorEvent&);
+
+// One block of a snapshot. Blocks are never split, so a block is a segment.
+struct BlockInfo {
+  int device;
+  uintptr_t address;
+  size_t size;
+  size_t requested;
+  bool in_use;
+};
+
 class CachingAllocator {
  public:
   static constexpr size_t kSmallSize = size_t{1} << 20;  // small-pool limit
@@ -77,6 +97,14 @@ class CachingAllocator {
 
   static size_t round_size(size_t size);
 
+  // Installs (or, with nullptr, removes) the observer of allocator events.
+  void set_observer(AllocatorObserver observer);
+  // Every live segment, in use or cached, ordered by address.
+  std::vector<BlockInfo> snapshot() const;
+  // Caps the device's budget at `fraction` of its HBM capacity, as
+  // torch.cuda.set_per_process_memory_fraction does.
+  void set_memory_fraction(int device, double fraction);
+
  private:
   CachingAllocator() = default;
 
@@ -90,8 +118,11 @@ class CachingAllocator {
   struct DeviceState {
     std::multimap<size_t, Block*> cache;  // free blocks by size
     DeviceStats stats;
-    size_t capacity = 0;
+    size_t capacity = 0;  // the budget in force (total_memory × fraction)
   };
+  void notify(AllocatorEvent::Action action, int device, const void* ptr, size_t size) const {
+    if (observer_) observer_({action, device, reinterpret_cast<uintptr_t>(ptr), size});
+  }
 
   DeviceState& state(int device) const;
   Block* take_cached(DeviceState& ds, size_t size);
@@ -102,6 +133,7 @@ class CachingAllocator {
   mutable std::vector<std::unique_ptr<DeviceState>> devices_;
   // Every live segment (in use or cached), ordered by address.
   std::map<uintptr_t, Block*> segments_;
+  AllocatorObserver observer_ = nullptr;
 };
 
 }  // namespace neuronrt

@@ -39,7 +39,10 @@ OutOfMemoryError::OutOfMemoryError(int device, size_t requested,
             format_bytes(reserved) +
             " reserved in total by the caching allocator). Free tensors or "
             "call torch.neuron.empty_cache(); the capacity is set by "
-            "NEURON_RT_HBM_BYTES."),
+            "NEURON_RT_HBM_BYTES. To see what holds the memory, record it with "
+            "torch.neuron.memory._record_memory_history() and save "
+            "torch.neuron.memory._dump_snapshot(path) (renders with "
+            "torch.cuda._memory_viz)."),
       device(device),
       requested(requested),
       allocated(allocated),

@@ -10,10 +10,12 @@ from .. import _C
 from . import _utils
 from ._utils import _get_device_index
 from .memory import (  # noqa: F401
-    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
-    memory_stats, memory_summary, reset_accumulated_memory_stats, reset_max_memory_allocated,
-    reset_peak_memory_stats,
+    caching_allocator_alloc, caching_allocator_delete, empty_cache, max_memory_allocated, max_memory_reserved,
+    mem_get_info, memory_allocated, memory_reserved, memory_snapshot, memory_stats, memory_summary,
+    reset_accumulated_memory_stats, reset_max_memory_allocated, reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
+from . import memory  # noqa: F401  (torch.neuron.memory._record_memory_history, ...)
 from .random import (  # noqa: F401
     default_generators, get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all, seed,
     seed_all, set_rng_state, set_rng_state_all,
@@ -159,13 +161,19 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+def get_arch_list() -> list:
+    """Architectures this build targets: the NeuronCore generation of the host runtime."""
+    p = get_device_properties(0) if device_count() else None
+    return [f"neuroncore-v{p.major}" if p else "neuroncore-v3"]
+
+
 __all__ = [
-    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_generators", "default_stream",
+    "Event", "Stream", "StreamContext", "caching_allocator_alloc", "caching_allocator_delete", "current_device", "current_stream", "default_generators", "default_stream",
     "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype", "get_device_capability",
-    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
+    "get_arch_list", "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
     "is_available", "is_bf16_supported", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
-    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
-    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_per_process_memory_fraction", "set_rng_state",
     "set_rng_state_all", "set_stream", "stream", "synchronize",
 ]
 

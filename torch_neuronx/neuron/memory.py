@@ -4,6 +4,8 @@ The numbers come from the runtime allocator through torch.accelerator's
 generic DeviceAllocator interface, so both APIs always agree.
 """
 import collections
+import pickle
+import sys
 
 import torch
 
@@ -79,3 +81,56 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     lines.append(f"{'Segments':<20}{s.get('segment.all.current', 0):>14}{s.get('segment.all.peak', 0):>14}")
     lines.append(f"alloc retries: {s.get('num_alloc_retries', 0)}   OOMs: {s.get('num_ooms', 0)}")
     return "\n".join(lines)
+
+
+# ---- memory debugging: history and snapshots in CUDA's format ---------------------------------------------------
+
+def _record_memory_history(enabled="all", context="all", stacks="python", max_entries=sys.maxsize,
+                           device=None, **kwargs) -> None:
+    """Starts (or, with ``enabled=None``, stops) recording allocator history, as
+    ``torch.cuda.memory._record_memory_history``: ``enabled="state"`` keeps the
+    Python stack of every live allocation, ``"all"`` also keeps a trace of
+    allocations and frees (at most ``max_entries`` per device). ``stacks``
+    other than ``"python"`` are accepted; C++ frames are not recorded."""
+    if stacks not in ("python", "all"):
+        raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
+    _C._record_memory_history(enabled, context, int(min(max_entries, 2**62)))
+
+
+def _snapshot(device=None) -> dict:
+    """The allocator's state (and trace, if recorded) as a dict in the format
+    of ``torch.cuda.memory._snapshot()``: ``segments`` and ``device_traces``.
+    ``torch.cuda._memory_viz`` and pytorch.org/memory_viz render it."""
+    return _C._memory_snapshot()
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle") -> None:
+    """Pickles ``_snapshot()`` to ``filename`` (open it in pytorch.org/memory_viz
+    or ``python -m torch.cuda._memory_viz trace_plot filename -o out.html``)."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
+
+
+def memory_snapshot() -> list:
+    """The allocator's segments (``_snapshot()["segments"]``), as ``torch.cuda.memory_snapshot``."""
+    return _snapshot()["segments"]
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Caps this process's use of ``device`` at ``fraction`` of its HBM capacity;
+    allocations beyond it raise ``torch.OutOfMemoryError``."""
+    if not isinstance(fraction, float) and not isinstance(fraction, int):
+        raise TypeError("fraction must be a float")
+    _C._set_memory_fraction(float(fraction), _index(device))
+
+
+def caching_allocator_alloc(size: int, device=None, stream=None) -> int:
+    """Allocates ``size`` bytes of device memory from the caching allocator; returns the address."""
+    if stream is not None and not isinstance(stream, (int, torch.Stream)):
+        raise TypeError("stream must be a torch.Stream or an int")
+    return _C._caching_allocator_alloc(int(size), _index(device))
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Returns memory from ``caching_allocator_alloc`` to the cache."""
+    _C._caching_allocator_delete(int(mem_ptr))

@@ -1,0 +1,230 @@
+// Memory history and snapshots in the format of PyTorch's CUDA snapshots
+// (torch.cuda.memory._snapshot()), so torch.cuda._memory_viz and
+// pytorch.org/memory_viz render them: the runtime allocator reports its
+// events to an observer, which keeps a bounded trace per device and the
+// Python stack of each live allocation.
+#include <Python.h>
+#include <frameobject.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "csrc/aten/NeuronAllocator.h"
+#include "csrc/aten/NeuronFunctions.h"
+#include "csrc/runtime/CachingAllocator.h"
+
+namespace py = pybind11;
+
+namespace torch_neuronx {
+namespace {
+
+struct Frame {
+  std::string filename;
+  int line;
+  std::string name;
+};
+using Frames = std::shared_ptr<const std::vector<Frame>>;
+
+struct TraceEntry {
+  const char* action;
+  uintptr_t address;
+  size_t size;
+  int64_t time_us;
+  Frames frames;
+};
+
+struct History {
+  std::mutex mutex;
+  bool enabled = false;
+  bool trace = true;         // enabled="all": keep the event trace too
+  bool stacks = true;        // context != None: record Python stacks
+  size_t max_entries = SIZE_MAX;
+  std::vector<std::deque<TraceEntry>> traces;  // per device
+  std::unordered_map<uintptr_t, Frames> live;  // allocation stacks
+};
+
+History& history() {
+  static History* h = new History();  // leaked: allocations outlive shutdown
+  return *h;
+}
+
+// The calling thread's Python stack, innermost first. Torch's bindings
+// release the GIL around ops, so take it back if this thread has a Python
+// thread state; called only where no runtime lock is held.
+Frames python_stack() {
+  auto frames = std::make_shared<std::vector<Frame>>();
+  if (!Py_IsInitialized() || _Py_IsFinalizing() || PyGILState_GetThisThreadState() == nullptr) return frames;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyFrameObject* f = PyEval_GetFrame();
+  Py_XINCREF(f);
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    frames->push_back({PyUnicode_AsUTF8(code->co_filename), PyFrame_GetLineNumber(f),
+                       PyUnicode_AsUTF8(code->co_name)});
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  PyGILState_Release(gil);
+  return frames;
+}
+
+// The stack of the op this thread is running (set by AllocationContext).
+thread_local Frames tls_op_stack;
+thread_local int tls_op_depth = 0;
+std::atomic<bool> g_recording{false};
+
+void context_hook(bool enter) {
+  if (enter) {
+    if (tls_op_depth++ == 0 && g_recording.load(std::memory_order_relaxed)) tls_op_stack = python_stack();
+  } else if (--tls_op_depth == 0) {
+    tls_op_stack.reset();
+  }
+}
+
+int64_t now_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+void observe(const neuronrt::AllocatorEvent& e) {
+  using A = neuronrt::AllocatorEvent::Action;
+  History& h = history();
+  Frames frames;
+  if (h.stacks && (e.action == A::Alloc || e.action == A::Oom)) frames = tls_op_stack;
+  std::lock_guard<std::mutex> lock(h.mutex);
+  if (!h.enabled) return;
+  if (e.action == A::Alloc) h.live[e.address] = frames;
+  if (e.action == A::Free) h.live.erase(e.address);
+  if (!h.trace) return;
+  if (static_cast<size_t>(e.device) >= h.traces.size()) h.traces.resize(e.device + 1);
+  auto& trace = h.traces[e.device];
+  auto push = [&](const char* action) {
+    trace.push_back({action, e.address, e.size, now_us(), frames});
+    while (trace.size() > h.max_entries) trace.pop_front();
+  };
+  switch (e.action) {
+    case A::Alloc: push("alloc"); break;
+    case A::Free:  // freed at once: nothing is pending on a stream
+      push("free_requested");
+      push("free_completed");
+      break;
+    case A::SegmentAlloc: push("segment_alloc"); break;
+    case A::SegmentFree: push("segment_free"); break;
+    case A::Oom: push("oom"); break;
+  }
+}
+
+py::list frames_list(const Frames& frames) {
+  py::list out;
+  if (!frames) return out;
+  for (const Frame& f : *frames) {
+    py::dict d;
+    d["filename"] = f.filename;
+    d["line"] = f.line;
+    d["name"] = f.name;
+    out.append(d);
+  }
+  return out;
+}
+
+void record_memory_history(std::optional<std::string> enabled, std::optional<std::string> context,
+                           size_t max_entries) {
+  TORCH_CHECK(!enabled || *enabled == "all" || *enabled == "state",
+              "_record_memory_history: enabled must be None, 'state' or 'all', got '", *enabled, "'");
+  TORCH_CHECK(!context || *context == "all" || *context == "alloc" || *context == "state",
+              "_record_memory_history: context must be None, 'state', 'alloc' or 'all', got '", *context, "'");
+  History& h = history();
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    h.enabled = enabled.has_value();
+    h.trace = enabled && *enabled == "all";
+    h.stacks = context.has_value();
+    h.max_entries = max_entries > 0 ? max_entries : SIZE_MAX;
+    if (!h.enabled) {
+      h.traces.clear();
+      h.live.clear();
+    }
+  }
+  g_recording.store(enabled.has_value() && context.has_value());
+  at::neuron::set_allocation_context_hook(enabled ? &context_hook : nullptr);
+  neuronrt::CachingAllocator::instance().set_observer(enabled ? &observe : nullptr);
+}
+
+py::dict snapshot() {
+  auto blocks = at::neuron::rt_call([] { return neuronrt::CachingAllocator::instance().snapshot(); });
+  History& h = history();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  py::list segments;
+  for (const auto& b : blocks) {
+    Frames frames;
+    if (b.in_use) {
+      auto it = h.live.find(b.address);
+      if (it != h.live.end()) frames = it->second;
+    }
+    py::dict block;
+    block["address"] = b.address;
+    block["size"] = b.size;
+    block["requested_size"] = b.in_use ? b.requested : 0;
+    block["state"] = b.in_use ? "active_allocated" : "inactive";
+    block["frames"] = frames_list(frames);
+    py::dict seg;
+    seg["device"] = b.device;
+    seg["address"] = b.address;
+    seg["total_size"] = b.size;
+    seg["allocated_size"] = b.in_use ? b.size : 0;
+    seg["active_size"] = b.in_use ? b.size : 0;
+    seg["requested_size"] = b.in_use ? b.requested : 0;
+    seg["stream"] = 0;
+    seg["segment_type"] = b.size <= neuronrt::CachingAllocator::kSmallSize ? "small" : "large";
+    seg["segment_pool_id"] = py::make_tuple(0, 0);
+    seg["is_expandable"] = false;
+    seg["frames"] = py::list();
+    seg["blocks"] = py::make_tuple(block);
+    segments.append(seg);
+  }
+  py::list traces;
+  for (int d = 0; d < neuronrt::device_count(); ++d) {
+    py::list trace;
+    if (static_cast<size_t>(d) < h.traces.size()) {
+      for (const TraceEntry& e : h.traces[d]) {
+        py::dict entry;
+        entry["action"] = e.action;
+        entry["addr"] = e.address;
+        entry["size"] = e.size;
+        entry["stream"] = 0;
+        entry["time_us"] = e.time_us;
+        entry["frames"] = frames_list(e.frames);
+        trace.append(entry);
+      }
+    }
+    traces.append(trace);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = traces;
+  py::dict settings;
+  settings["PYTORCH_NEURON_ALLOC_CONF"] = "";
+  out["allocator_settings"] = settings;
+  return out;
+}
+
+}  // namespace
+
+void register_memory_snapshot(py::module& m) {
+  m.def("_record_memory_history", &record_memory_history, py::arg("enabled"), py::arg("context"),
+        py::arg("max_entries"));
+  m.def("_memory_snapshot", &snapshot);
+  m.def("_set_memory_fraction", [](double fraction, int device) {
+    at::neuron::rt_call([&] { neuronrt::CachingAllocator::instance().set_memory_fraction(device, fraction); });
+  });
+}
+
+}  // namespace torch_neuronx
