@@ -52,3 +52,23 @@ def _restore_device_state():
     for i in range(torch.neuron.device_count()):
         torch.accelerator.set_stream(torch.neuron.default_stream(i))
     torch.neuron.set_device(0)
+
+
+def run_python_timeout(code, timeout, env=None):
+    """Runs ``code`` like ``run_python(check=False)`` (same environment
+    clean-up) but with its own ``timeout`` in seconds. Returns the
+    CompletedProcess, or None if the child hung and was killed."""
+    full_env = dict(os.environ)
+    for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "NEURON_RT_HBM_BYTES",
+                "TORCH_NEURONX_DISABLE_FALLBACK", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
+        full_env.pop(key, None)
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    try:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
