@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   need=()
-  for pkg in ccache libgtest-dev ninja-build cmake g++; do
+  for pkg in ccache libgtest-dev ninja-build cmake g++ tmux; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then

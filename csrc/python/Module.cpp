@@ -47,6 +47,10 @@ void drain_autograd_device_threads() {
   if (!neuronrt::is_initialized() || neuronrt::in_bad_fork()) return;
   py::gil_scoped_release no_gil;
   for (int d = 0; d < neuronrt::device_count(); ++d) {
+    // Only devices that ran kernels can have had backward work.
+    bool used = false;
+    for (neuronrt::Stream* s : neuronrt::all_streams(d)) used = used || s->issued() > 0;
+    if (!used) continue;
     at::Tensor leaf = at::zeros({1}, at::TensorOptions().device(at::neuron::device_of_index(d)))
                           .requires_grad_(true);
     torch::autograd::backward({leaf.sum()});

@@ -7,12 +7,18 @@
 #include "Error.h"
 #include "Process.h"
 #include "Protect.h"
+#include "Registry.h"
 
 namespace neuronrt {
 namespace {
 
 StatPool pool_of(size_t size) {
   return size <= CachingAllocator::kSmallSize ? kSmallPool : kLargePool;
+}
+
+void publish(int device, const DeviceStats& s) {
+  registry_memory(device, static_cast<uint64_t>(s.allocated_bytes[kAllPools].current),
+                  static_cast<uint64_t>(s.reserved_bytes[kAllPools].current));
 }
 
 void update(StatArray& stats, size_t size, int64_t delta) {
@@ -86,8 +92,11 @@ void CachingAllocator::release_block(DeviceState& ds, Block* b) {
 }
 
 void CachingAllocator::release_cached(DeviceState& ds) {
+  if (ds.cache.empty()) return;
+  const int device = ds.cache.begin()->second->device;
   for (auto& [size, b] : ds.cache) release_block(ds, b);
   ds.cache.clear();
+  publish(device, ds.stats);
 }
 
 void* CachingAllocator::allocate(int device, size_t size) {
@@ -133,6 +142,7 @@ void* CachingAllocator::allocate(int device, size_t size) {
   update(ds.stats.active_bytes, b->size, static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, static_cast<int64_t>(size));
   notify(AllocatorEvent::Action::Alloc, device, b->ptr, b->size);
+  publish(device, ds.stats);
   return b->ptr;
 }
 
@@ -154,6 +164,7 @@ void CachingAllocator::free(void* ptr) {
   update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
   ds.cache.emplace(b->size, b);
   notify(AllocatorEvent::Action::Free, b->device, b->ptr, b->size);
+  publish(b->device, ds.stats);
 }
 
 void CachingAllocator::empty_cache(int device) {

@@ -9,6 +9,7 @@
 #include "Error.h"
 #include "Process.h"
 #include "Protect.h"
+#include "Registry.h"
 
 namespace neuronrt {
 namespace {
@@ -62,14 +63,18 @@ Stream::Stream(int device, int64_t id) : device_(device), id_(id) {}
 void Stream::launch(const std::function<void()>& fn) {
   if (in_bad_fork()) throw BadForkError();
   issued_.fetch_add(1);
-  try {
-    DeviceAccess access;  // kernels may touch device memory (protect mode)
-    fn();
-  } catch (...) {
-    completed_.fetch_add(1);
-    throw;
-  }
-  completed_.fetch_add(1);
+  const auto start = std::chrono::steady_clock::now();
+  struct Retire {  // also when the kernel throws
+    Stream* s;
+    std::chrono::steady_clock::time_point start;
+    ~Retire() {
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+      registry_kernel(s->device_, static_cast<uint64_t>(ns.count()));  // neuron-top's busy time
+      s->completed_.fetch_add(1);
+    }
+  } retire{this, start};
+  DeviceAccess access;  // kernels may touch device memory (protect mode)
+  fn();
 }
 
 void Stream::wait_for(uint64_t seq) const {
