@@ -8,6 +8,7 @@ this module directly).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 
 import torch
@@ -220,6 +221,9 @@ def _host_inputs(example_inputs, fake_mode):
     return out
 
 
+_graph_ids = itertools.count()
+
+
 def _make_compiler(is_backward: bool, config_patches: dict):
     from torch._inductor.compile_fx import compile_fx_inner
 
@@ -248,7 +252,9 @@ def _make_compiler(is_backward: bool, config_patches: dict):
         # be driven by the device generator at run time (see _on_device).
         with torch._inductor.config.patch({**config_patches, "fallback_random": True}):
             compiled = compile_fx_inner(gm, host_inputs, is_backward=is_backward)
-        return _on_device(compiled, index, uses_rng, out_devices)
+        # The launch's name in the profiler: the graph Dynamo compiled.
+        name = f"compiled {'backward' if is_backward else 'forward'} graph {next(_graph_ids)}"
+        return _on_device(compiled, index, uses_rng, out_devices, name)
 
     return compiler
 
@@ -272,7 +278,7 @@ def _host_outputs(outs: list, on_host: list) -> list:
     return outs
 
 
-def _on_device(compiled, index: int, uses_rng: bool, out_devices: list):
+def _on_device(compiled, index: int, uses_rng: bool, out_devices: list, name: str = "compiled graph"):
     C = torch_neuronx_C()
     # Outputs eager puts on neuron become device tensors (without a copy); the
     # rest stay CPU tensors, as eager gives them.
@@ -289,7 +295,7 @@ def _on_device(compiled, index: int, uses_rng: bool, out_devices: list):
                                    f"compiled code returned {len(outs)}")
             return _host_outputs(outs, on_host)
 
-        return C._launch(index, kernel)
+        return C._launch(index, kernel, name)
 
     def run(args):
         host = [C._host_alias(a) if isinstance(a, torch.Tensor) else a for a in args]

@@ -381,7 +381,8 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   {
     StagingScope staging(device);
     neuronrt::Stream& stream = neuronrt::current_stream(device);
-    stream.launch([&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); });
+    stream.launch([&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); },
+                  schema.name().c_str());
   }
   if (gen) gen->reserve(static_cast<uint64_t>(max_numel(*stack, stack->size() - schema.returns().size())));
   if (cpu_default) {

@@ -16,8 +16,19 @@ namespace {
 
 neuronrt::CachingAllocator& rt_allocator() { return neuronrt::CachingAllocator::instance(); }
 
+// torch.profiler(profile_memory=True): every device allocation and free.
+void report_to_profiler(void* ptr, int64_t delta, int device) {
+  if (!c10::memoryProfilingEnabled() || device < 0) return;
+  auto s = rt_allocator().stats(device);
+  c10::reportMemoryUsageToProfiler(ptr, delta, s.allocated_bytes[neuronrt::kAllPools].current,
+                                   s.reserved_bytes[neuronrt::kAllPools].current,
+                                   c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+}
+
 void* rt_allocate(c10::DeviceIndex device, size_t nbytes) {
-  return rt_call([&] { return neuronrt::malloc(device, nbytes); });
+  void* ptr = rt_call([&] { return neuronrt::malloc(device, nbytes); });
+  if (ptr) report_to_profiler(ptr, static_cast<int64_t>(rt_allocator().block_size(ptr)), device);
+  return ptr;
 }
 
 void to_c10(const neuronrt::StatArray& in, c10::CachingAllocator::StatArray& out) {
@@ -110,7 +121,16 @@ void StagingAllocator::raw_delete(void* ptr) {
 
 }  // namespace
 
-void device_free(void* ptr) { neuronrt::free(ptr); }
+void device_free(void* ptr) {
+  if (ptr && c10::memoryProfilingEnabled()) {
+    const int device = neuronrt::pointer_device(ptr);
+    const auto size = static_cast<int64_t>(rt_allocator().block_size(ptr));
+    neuronrt::free(ptr);
+    report_to_profiler(ptr, -size, device);
+    return;
+  }
+  neuronrt::free(ptr);
+}
 
 c10::Allocator* device_allocator() { return &g_device_allocator; }
 

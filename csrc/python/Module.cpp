@@ -14,6 +14,9 @@
 #include "csrc/runtime/Process.h"
 #include "csrc/runtime/Runtime.h"
 
+#include <mutex>
+#include <set>
+
 namespace py = pybind11;
 
 namespace torch_neuronx {
@@ -111,13 +114,21 @@ PYBIND11_MODULE(_C, m) {
   });
   // Runs fn() as a kernel on `device`'s current stream: host code working on
   // aliases of device memory (compiled graphs) is device work like any other.
-  m.def("_launch", [](int device, py::function fn) {
+  m.def("_launch", [](int device, py::function fn, std::string name) {
+    // Launch names outlive the call: keep one copy of each.
+    static std::mutex mutex;
+    static std::set<std::string> names;
+    const char* label;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      label = names.insert(std::move(name)).first->c_str();
+    }
     py::object result;
     at::neuron::rt_call([&] {
-      neuronrt::current_stream(device).launch([&] { result = fn(); });
+      neuronrt::current_stream(device).launch([&] { result = fn(); }, label);
     });
     return result;
-  });
+  }, py::arg("device"), py::arg("fn"), py::arg("name") = "compiled_graph");
   py::class_<Staging>(m, "_Staging")
       .def(py::init<int>())
       .def("__enter__", &Staging::enter)

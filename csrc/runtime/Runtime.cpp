@@ -28,18 +28,21 @@ int pointer_device(const void* ptr) noexcept {
 }
 
 void memcpy(void* dst, const void* src, size_t bytes, MemcpyKind kind, Stream& stream) {
-  (void)kind;  // one address space on the host runtime
   if (bytes == 0) return;
-  stream.launch([&] { std::memcpy(dst, src, bytes); });
+  // One address space on the host runtime; the kind names the copy.
+  const char* name = kind == MemcpyKind::HostToDevice   ? "Memcpy HtoD"
+                     : kind == MemcpyKind::DeviceToHost ? "Memcpy DtoH"
+                                                        : "Memcpy DtoD";
+  stream.launch([&] { std::memcpy(dst, src, bytes); }, name);
 }
 
 void memset(void* dst, int value, size_t bytes, Stream& stream) {
   if (bytes == 0) return;
-  stream.launch([&] { std::memset(dst, value, bytes); });
+  stream.launch([&] { std::memset(dst, value, bytes); }, "Memset");
 }
 
 void launch(Stream& stream, Kernel& kernel) {
-  stream.launch([&] { kernel.run(); });
+  stream.launch([&] { kernel.run(); }, kernel.name());
 }
 
 }  // namespace neuronrt

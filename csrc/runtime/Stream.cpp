@@ -60,19 +60,30 @@ thread_local std::vector<int64_t> tls_current_stream;
 
 Stream::Stream(int device, int64_t id) : device_(device), id_(id) {}
 
-void Stream::launch(const std::function<void()>& fn) {
+namespace {
+std::atomic<LaunchObserver> g_launch_observer{nullptr};
+}  // namespace
+
+void set_launch_observer(LaunchObserver observer) { g_launch_observer.store(observer); }
+
+void Stream::launch(const std::function<void()>& fn, const char* name) {
   if (in_bad_fork()) throw BadForkError();
   issued_.fetch_add(1);
   const auto start = std::chrono::steady_clock::now();
   struct Retire {  // also when the kernel throws
     Stream* s;
+    const char* name;
     std::chrono::steady_clock::time_point start;
     ~Retire() {
-      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
-      registry_kernel(s->device_, static_cast<uint64_t>(ns.count()));  // neuron-top's busy time
+      auto ns = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+      registry_kernel(s->device_, ns);  // neuron-top's busy time
+      if (LaunchObserver observer = g_launch_observer.load(std::memory_order_relaxed)) {
+        observer({s->device_, s->id_, name, ns});
+      }
       s->completed_.fetch_add(1);
     }
-  } retire{this, start};
+  } retire{this, name, start};
   DeviceAccess access;  // kernels may touch device memory (protect mode)
   fn();
 }

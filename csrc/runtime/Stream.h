@@ -27,8 +27,9 @@ class Stream {
   // CUDA convention: lower numbers are higher priority (0 normal, -1 high).
   int priority() const { return id_ > kPoolSize ? -1 : 0; }
 
-  // Runs `fn` in stream order.
-  void launch(const std::function<void()>& fn);
+  // Runs `fn` in stream order. `name` (a string that outlives the call, such
+  // as an op's schema name) labels the kernel for observers (the profiler).
+  void launch(const std::function<void()>& fn, const char* name = "kernel");
   // Number of launches issued / completed so far.
   uint64_t issued() const { return issued_.load(); }
   uint64_t completed() const { return completed_.load(); }
@@ -43,6 +44,18 @@ class Stream {
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
 };
+
+// What the profiler sees of each launch, reported after it ran, on the
+// launching thread.
+struct LaunchRecord {
+  int device;
+  int64_t stream;
+  const char* name;
+  uint64_t duration_ns;
+};
+// Installs (or, with nullptr, removes) the launch observer.
+using LaunchObserver = void (*)(const LaunchRecord&);
+void set_launch_observer(LaunchObserver observer);
 
 Stream& default_stream(int device);
 // Throws Error for an id that names no stream.
