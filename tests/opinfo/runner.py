@@ -2,10 +2,19 @@
 """OpInfo-driven differential test runner: CPU (reference) vs. device D.
 
 For every OpInfo in ``torch.testing._internal.common_methods_invocations.op_db``
-and every dtype in {float32, bfloat16, int64, bool} that the OpInfo supports on
-CPU, iterate ``op.sample_inputs('cpu', dtype, requires_grad=False)``, run the op
-on CPU and on device D (every tensor of the SampleInput copied with ``.to(D)``),
-and compare the outputs (and any mutated inputs) after moving them back to CPU.
+and every dtype in {float32, bfloat16, int64, bool, complex64} that the OpInfo
+supports on CPU, iterate ``op.sample_inputs('cpu', dtype, requires_grad=False)``,
+run the op on CPU and on device D (every tensor of the SampleInput copied with
+``.to(D)``), and compare the outputs (and any mutated inputs) after moving them
+back to CPU.  Besides the plain call (``function``), two call variants probe
+classes of backend bugs the plain call cannot see:
+
+* ``out_cpu``  ops with ``supports_out``: device inputs, ``out=`` a CPU tensor.
+               PyTorch requires a RuntimeError about devices (as on CUDA);
+               silently accepting it is a ``fail``.
+* ``conjneg``  the first input is a lazy view: ``x.conj()`` for complex
+               samples, ``x._neg_view()`` for floating ones, built on each side
+               (a device conj/neg view must be materialized correctly).
 
 Usage (from the repository root)::
 
@@ -30,7 +39,7 @@ Statuses recorded per (op, variant, call, dtype, sample_idx):
 * ``error``           the CPU reference ran but the device run raised
 * ``crash``           the worker process died (segfault/abort) or hung on it
 * ``reference_error`` the CPU reference raised (N/A; device not run)
-* ``skipped``         sample not applicable (sparse/complex/quantized...)
+* ``skipped``         sample not applicable (sparse/quantized...)
 
 pass rate = pass / (pass + fail + error + crash)
 """
@@ -56,8 +65,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 STATUSES = ("pass", "fail", "error", "crash", "reference_error", "skipped")
-DEFAULT_DTYPES = ("float32", "bfloat16", "int64", "bool")
-CALL_VARIANTS = ("function", "method", "inplace")
+DEFAULT_DTYPES = ("float32", "bfloat16", "int64", "bool", "complex64")
+CALL_VARIANTS = ("function", "method", "inplace", "out_cpu", "conjneg")
+DEFAULT_CALLS = ("function", "out_cpu", "conjneg")
 
 # ---------------------------------------------------------------------------
 # Skip / special-case lists (documented in docs/opinfo.md)
@@ -111,12 +121,6 @@ STORAGE_OPS = ("as_strided", "as_strided_copy", "as_strided_scatter")
 CPU_ARGS: Dict[str, Tuple[Any, ...]] = {
     "tensor_split": (0, "tensor_indices_or_sections"),  # indices tensor
 }
-
-# Ops that go through complex intermediates although input and output are
-# real (e.g. irfft/hfft build a complex half-spectrum); complex dtypes are out
-# of scope, so they are skipped like complex samples unless --include-complex.
-COMPLEX_INTERNAL_OPS = ("fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft",
-                        "fft.hfft2", "fft.hfftn", "stft", "istft")
 
 # Ops whose tensor outputs are on CPU by design even when the inputs are on
 # device D.  (None in op_db today once device arguments are rewritten; kept as
@@ -184,6 +188,28 @@ TRANSFORMER_OPS = (
     "arange", "zeros_like", "ones_like", "full", "repeat",
 )
 
+# Complex / FFT additions to the fast subset: complex arithmetic and views, and
+# the FFT family, whose real-input variants (ifft, hfft*, ihfft*) build complex
+# intermediates and conj views inside ATen.
+COMPLEX_FAST_OPS = (
+    "view_as_real", "view_as_complex", "conj_physical", "resolve_conj",
+    "resolve_neg", "real", "imag", "angle", "polar",
+    "fft.fft", "fft.ifft", "fft.rfft", "fft.irfft", "fft.hfft", "fft.ihfft",
+    "fft.fft2", "fft.hfft2", "fft.ihfft2", "fft.hfftn", "fft.ihfftn",
+)
+
+# Ops with an out= overload, for the out_cpu check in the fast subset (the
+# subset list above already brings add/mul/mm/cat/... ).
+OUT_FAST_OPS = ("nonzero", "index_select", "sort", "max.reduction_with_dim")
+
+# Named op lists usable as "@name" in --ops / --exclude-ops.
+OP_LISTS = {
+    "transformer": TRANSFORMER_OPS,
+    "complex": COMPLEX_FAST_OPS,
+    "out": OUT_FAST_OPS,
+    "fast": TRANSFORMER_OPS + COMPLEX_FAST_OPS + OUT_FAST_OPS,
+}
+
 # "missing kernel" errors: the dispatcher's, and torch_neuronx's own when the
 # host fallback is disabled (TORCH_NEURONX_DISABLE_FALLBACK=1).
 _MISSING_KERNEL_RE = re.compile(
@@ -206,8 +232,7 @@ class RunConfig:
     isolate: bool = True                 # run in spawn'ed worker processes
     timeout: float = 300.0               # seconds without progress => crash
     max_crashes_per_group: int = 2
-    calls: Sequence[str] = ("function",)
-    include_complex: bool = False        # compare complex-valued outputs
+    calls: Sequence[str] = DEFAULT_CALLS
     tol_scale: float = 1.0
     imports: Optional[Sequence[str]] = None  # modules imported in workers
     seed: int = 0
@@ -301,9 +326,15 @@ def enumerate_tasks(op_db, cfg: RunConfig) -> List[Tuple[int, str, str]]:
                 continue
             if call == "inplace" and op.get_inplace() is None:
                 continue
+            if call == "out_cpu" and (not op.supports_out or cfg.device.split(":")[0] == "cpu"):
+                continue                   # (a CPU out= is right for a CPU self-check)
             for dn in cfg.dtypes:
-                if getattr(torch, dn) in supported:
-                    tasks.append((i, call, dn))
+                dt = getattr(torch, dn)
+                if dt not in supported:
+                    continue
+                if call == "conjneg" and not (dt.is_floating_point or dt.is_complex):
+                    continue               # no conj/neg view for int / bool
+                tasks.append((i, call, dn))
     return tasks
 
 
@@ -356,12 +387,8 @@ class GroupRunner:
                     return "sparse/non-strided input"
                 if x.is_quantized:
                     return "quantized input"
-                if x.is_complex() and not self.cfg.include_complex:
-                    return "complex input"
                 if x.device.type != "cpu":
                     return "non-cpu input"
-            elif isinstance(x, complex) and not self.cfg.include_complex:
-                return "complex scalar argument"
         return None
 
     def _map(self, obj, fn_tensor, fn_other, memo):
@@ -557,6 +584,57 @@ class GroupRunner:
         if not same:
             msgs.append("%s: %s != reference %s" % (path, _short(repr(dev), 80), _short(repr(ref), 80)))
 
+    # -- the conjneg and out_cpu variants ------------------------------------
+
+    def _lazy_view(self, x):
+        """The lazy view the conjneg variant feeds as first input, or None."""
+        torch = self.torch
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+            return None
+        if x.is_complex():
+            return lambda t: t.conj()
+        if x.is_floating_point():
+            return lambda t: t._neg_view()
+        return None
+
+    def _check_out_cpu(self, fn, s, ref, d_in, d_args, d_kwargs, seed) -> Dict[str, Any]:
+        """Device inputs with a CPU ``out=``: PyTorch's contract (CUDA's
+        behaviour) is a RuntimeError naming the device mismatch. Accepting it
+        would write results into memory of another device, or silently move
+        them."""
+        torch = self.torch
+        ref_leaves = list(self._leaves(ref))
+        if not ref_leaves or not all(isinstance(x, torch.Tensor) for x in ref_leaves):
+            return dict(status="skipped", msg="out_cpu: output is not a tensor / tuple of tensors")
+        if not any(isinstance(x, torch.Tensor) and x.device.type == self.dev_type
+                   for x in self._leaves((d_in, d_args, d_kwargs))):
+            return dict(status="skipped", msg="out_cpu: no tensor input on the device")
+
+        def cpu_out():
+            if isinstance(ref, torch.Tensor):
+                return torch.empty_like(ref)
+            return tuple(torch.empty_like(x) for x in ref)
+
+        # The same out= must be valid on CPU, otherwise the sample says nothing.
+        self._seed(seed)
+        try:
+            fn(s.input, *s.args, out=cpu_out(), **s.kwargs)
+        except Exception as e:  # noqa: BLE001
+            return dict(status="reference_error", msg="out= on CPU raised: " + _exc_msg(e))
+        self._seed(seed)
+        try:
+            fn(d_in, *d_args, out=cpu_out(), **d_kwargs)
+        except RuntimeError as e:
+            if "device" in str(e).lower():
+                return dict(status="pass")
+            return dict(status="fail", msg="out_cpu: RuntimeError without naming the device: "
+                        + _exc_msg(e))
+        except Exception as e:  # noqa: BLE001
+            return dict(status="fail", msg="out_cpu: expected a RuntimeError about devices, got "
+                        + _exc_msg(e))
+        return dict(status="fail", msg="out_cpu: a CPU out= tensor was accepted for %s inputs"
+                    % self.dev_type)
+
     # -- running ------------------------------------------------------------
 
     def group_seed(self, op, dtype_name) -> int:
@@ -592,7 +670,7 @@ class GroupRunner:
                                   msg="sample_inputs raised: " + _exc_msg(e))
             return
         yield "begin", len(samples)
-        if call == "function":
+        if call in ("function", "out_cpu", "conjneg"):
             fn = op.op
         elif call == "method":
             fn = op.get_method()
@@ -616,8 +694,13 @@ class GroupRunner:
     def _run_sample(self, op, fn, call, dtype, s, seed) -> Dict[str, Any]:
         torch = self.torch
         reason = self._unsupported_reason(s)
-        if not reason and not self.cfg.include_complex and op.name in COMPLEX_INTERNAL_OPS:
-            reason = "complex intermediate"
+        if not reason and call == "out_cpu" and "out" in s.kwargs:
+            reason = "sample passes out= itself"
+        view = None
+        if not reason and call == "conjneg":
+            view = self._lazy_view(s.input)
+            if view is None:
+                reason = "first input has no conj/neg view"
         if reason:
             return dict(status="skipped", msg=reason)
 
@@ -638,10 +721,21 @@ class GroupRunner:
         except Exception as e:  # noqa: BLE001
             move_exc = e
 
+        # The conjneg variant builds the same lazy view on both sides: the
+        # device view must come from the device copy (.to() would resolve it).
+        c_in = s.input
+        if view is not None:
+            c_in = view(s.input)
+            if move_exc is None:
+                try:
+                    d_in = view(d_in)
+                except Exception as e:  # noqa: BLE001
+                    move_exc = e
+
         # 2. CPU reference
         self._seed(seed)
         try:
-            ref = fn(s.input, *s.args, **s.kwargs)
+            ref = fn(c_in, *s.args, **s.kwargs)
         except Exception as e:  # noqa: BLE001
             return dict(status="reference_error", msg=_exc_msg(e))
 
@@ -651,8 +745,6 @@ class GroupRunner:
                     return "sparse/non-strided output"
                 if x.is_quantized:
                     return "quantized output"
-                if x.is_complex() and not self.cfg.include_complex:
-                    return "complex output"
             return None
 
         for x in self._leaves(ref):
@@ -662,6 +754,9 @@ class GroupRunner:
 
         if move_exc is not None:
             return dict(status="error", msg="moving inputs to device: " + _exc_msg(move_exc))
+
+        if call == "out_cpu":
+            return self._check_out_cpu(fn, s, ref, d_in, d_args, d_kwargs, seed)
 
         # 3. device run
         self._seed(seed)
@@ -684,7 +779,7 @@ class GroupRunner:
                 # Inputs may be mutated (in-place ops, out=, running stats):
                 # the device-side inputs must end up equal to the CPU ones.
                 ictx = dict(ctx, expected_device=None, tensors_only=True)
-                self._compare(s.input, d_in, "input", ictx, msgs)
+                self._compare(c_in, d_in, "input", ictx, msgs)
                 self._compare(list(s.args), list(d_args), "args", ictx, msgs)
                 self._compare(dict(s.kwargs), dict(d_kwargs), "kwargs", ictx, msgs)
         except Exception as e:  # noqa: BLE001
@@ -1080,7 +1175,8 @@ def _parse_args(argv=None):
     p.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES), help="comma list of dtypes")
     p.add_argument("--ops", default=None,
                    help="comma list of op filters; each is a glob (* ? []), an exact op name / "
-                        "name.variant, or else a substring. '@transformer' = curated fast subset")
+                        "name.variant, or else a substring. '@NAME' expands a named list: "
+                        + ", ".join("@" + k for k in OP_LISTS))
     p.add_argument("--exclude-ops", default=None, help="same syntax as --ops")
     p.add_argument("--max-samples-per-op", type=int, default=None,
                    help="max samples per (op, variant, call, dtype) group")
@@ -1089,10 +1185,8 @@ def _parse_args(argv=None):
                    help="run in this process (no crash isolation; --jobs ignored)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds without progress before a worker is killed (=> crash)")
-    p.add_argument("--calls", default="function",
-                   help="comma list of call variants: function,method,inplace")
-    p.add_argument("--include-complex", action="store_true",
-                   help="also compare complex-valued outputs/inputs (skipped by default)")
+    p.add_argument("--calls", default=",".join(DEFAULT_CALLS),
+                   help="comma list of call variants: " + ",".join(CALL_VARIANTS))
     p.add_argument("--tol-scale", type=float, default=1.0, help="multiply all float tolerances")
     p.add_argument("--import", dest="imports", action="append", default=None,
                    help="module to import in workers before using the device "
@@ -1109,15 +1203,26 @@ def _parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _expand_lists(spec: Optional[str]) -> Optional[str]:
+    """'@name' tokens -> the comma-joined OP_LISTS[name]."""
+    if not spec:
+        return spec
+    toks = []
+    for t in spec.split(","):
+        t = t.strip()
+        if t.startswith("@"):
+            if t[1:] not in OP_LISTS:
+                raise SystemExit("unknown op list %r (choose from %s)" % (t, ", ".join(OP_LISTS)))
+            toks.extend(OP_LISTS[t[1:]])
+        elif t:
+            toks.append(t)
+    return ",".join(toks)
+
+
 def main(argv=None) -> int:
     a = _parse_args(argv)
     _maybe_disable_backend_autoload(a.device)
-    ops = a.ops
-    if ops:
-        ops = ops.replace("@transformer", ",".join(TRANSFORMER_OPS))
-    exclude = a.exclude_ops
-    if exclude:
-        exclude = exclude.replace("@transformer", ",".join(TRANSFORMER_OPS))
+    ops, exclude = _expand_lists(a.ops), _expand_lists(a.exclude_ops)
     dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     import torch
     for d in dtypes:
@@ -1131,7 +1236,7 @@ def main(argv=None) -> int:
         device=a.device, dtypes=dtypes,
         ops=ops, exclude_ops=exclude, max_samples=a.max_samples_per_op, jobs=a.jobs,
         isolate=not a.no_isolate, timeout=a.timeout, calls=calls,
-        include_complex=a.include_complex, tol_scale=a.tol_scale, imports=a.imports,
+        tol_scale=a.tol_scale, imports=a.imports,
         seed=a.seed, check_inputs=not a.no_check_inputs, verbose=a.verbose)
     if a.list:
         warnings.filterwarnings("ignore")
