@@ -13,6 +13,11 @@ Examples::
     python examples/generate.py --compare-cpu            # also run on CPU, require identical text
     python examples/generate.py --device cpu             # CPU only (no backend needed)
     python examples/generate.py --device cpu --force-compile   # CPU, compiled static decode
+    python examples/generate.py --chat                   # interactive chat, streamed tokens
+
+The first run dequantizes the GGUF and keeps the dense weights (safetensors, with the
+tokenizer) in the user cache directory, keyed by the file's hash and the dtype, so later runs
+load them directly (``--no-weights-cache`` skips that; ``TORCH_NEURONX_CACHE`` moves it).
 
 With ``--cache static`` on ``neuron`` Transformers compiles the decode step by itself
 (``torch.compile``, Inductor, ``mode="reduce-overhead"``); ``--no-compile`` turns that off
@@ -23,12 +28,18 @@ asked, which ``--force-compile`` does.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
+import threading
 import time
 from pathlib import Path
+
+_STARTED = time.perf_counter()  # before torch is imported: end-to-end times include it
 
 # Everything is local: never let Transformers/huggingface_hub try the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -135,35 +146,125 @@ def synchronize(device) -> None:
         torch.accelerator.synchronize()
 
 
+# --------------------------------------------------------------------------- progress
+@contextlib.contextmanager
+def progress(description: str):
+    """A spinner with elapsed time on stderr while a long step runs (nothing if not a terminal)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc=description, total=None, bar_format="{desc}: {elapsed}", file=sys.stderr,
+               disable=not sys.stderr.isatty(), leave=False)
+    done = threading.Event()
+
+    def tick():
+        while not done.wait(0.2):
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        bar.close()
+
+
 # --------------------------------------------------------------------------- loading
-def load_tokenizer():
+def cache_root() -> Path:
+    base = os.environ.get("TORCH_NEURONX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch-neuronx")
+    return Path(base)
+
+
+def weights_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
+    """Where the dense weights of ``gguf`` in ``dtype`` are kept: keyed by the file's SHA-256."""
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return cache_root() / "dequantized" / f"{gguf.stem}-{digest.hexdigest()[:16]}-{str(dtype).split('.')[-1]}"
+
+
+def _cached(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors")) and \
+        (path / "tokenizer_config.json").is_file()
+
+
+def load_tokenizer(source: Path | None = None):
     from transformers import AutoTokenizer
 
-    gguf = find_gguf()
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if source is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+    else:
+        gguf = find_gguf()
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return tokenizer, time.perf_counter() - start
 
 
-def load_model(device: str, dtype: torch.dtype = torch.float32):
-    """Dequantize the GGUF into a dense model placed on ``device``; returns (model, seconds)."""
+def load_model(device: str, dtype: torch.dtype = torch.float32, source: Path | None = None):
+    """A dense model on ``device``: from ``source`` (a cached safetensors checkpoint) or by
+    dequantizing the GGUF; returns (model, seconds)."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    gguf = find_gguf()
     start = time.perf_counter()
-    # dequantize=True: ask for a plain dense model explicitly. (Llama GGUFs go through the
-    # dequantizing loader anyway; without it, a bfloat16 load warns about packed-weight kernels
-    # that are not used, and the model keeps a no-op GGUF "quantizer" attached.)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent),
-        gguf_file=gguf.name,
-        dtype=dtype,
-        device_map=device,
-        quantization_config=GgufConfig(dequantize=True),
-    )
+    if source is not None:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, device_map=device)
+    else:
+        gguf = find_gguf()
+        # dequantize=True: ask for a plain dense model explicitly. (Llama GGUFs go through the
+        # dequantizing loader anyway; without it, a bfloat16 load warns about packed-weight
+        # kernels that are not used, and the model keeps a no-op GGUF "quantizer" attached.)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=dtype,
+            device_map=device,
+            quantization_config=GgufConfig(dequantize=True),
+        )
     model.eval()
     synchronize(device)
     return model, time.perf_counter() - start
+
+
+def save_weights_cache(model, tokenizer, path: Path) -> None:
+    """Writes the dense checkpoint and tokenizer to ``path`` atomically (a rename)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if getattr(model.config, "quantization_config", None) is not None:
+            # the dense copy is not quantized: drop the GGUF marker from its config
+            import json
+
+            config = json.loads((tmp / "config.json").read_text())
+            config.pop("quantization_config", None)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(str(tmp))
+        tmp.replace(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(device: str, dtype: torch.dtype, use_cache: bool = True):
+    """Tokenizer and model, through the weights cache; returns (tokenizer, model, description)."""
+    gguf = find_gguf()
+    path = weights_cache_dir(gguf, dtype) if use_cache else None
+    if path is not None and _cached(path):
+        with progress("loading cached weights"):
+            tokenizer, tok_s = load_tokenizer(path)
+            model, load_s = load_model(device, dtype, path)
+        return tokenizer, model, f"cached weights {path} ({tok_s + load_s:.1f}s)"
+    with progress(f"dequantizing {gguf.name}"):
+        tokenizer, tok_s = load_tokenizer()
+        model, load_s = load_model(device, dtype)
+    what = f"dequantized {gguf.name} ({tok_s + load_s:.1f}s)"
+    if path is not None:
+        with progress("saving dense weights for later runs"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_weights_cache(model, tokenizer, path)
+        what += f"; kept in {path}"
+    return tokenizer, model, what
 
 
 def weight_bytes(model) -> int:
@@ -316,9 +417,14 @@ def parse_args(argv=None):
                    help="compile the static-cache decode step even on devices transformers does not auto-compile for (CPU)")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend; None means inductor")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode; None means reduce-overhead")
+    p.add_argument("--chat", action="store_true", help="interactive chat session (streams each answer)")
+    p.add_argument("--no-weights-cache", action="store_true",
+                   help="dequantize the GGUF every run instead of loading the cached dense weights")
     args = p.parse_args(argv)
     if args.no_compile and args.force_compile:
         p.error("--no-compile and --force-compile are mutually exclusive")
+    if args.chat and args.compare_cpu:
+        p.error("--chat and --compare-cpu are mutually exclusive")
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be at least 1")
     problem = check_device(args.device)
@@ -327,34 +433,68 @@ def parse_args(argv=None):
     return args
 
 
+def warm_up(model, inputs, gen_kwargs) -> float:
+    """Compiles the decode step (two greedy tokens) before the answer is streamed; returns seconds."""
+    start = time.perf_counter()
+    with progress("compiling the decode step (cached for later runs)"):
+        run_generate(model, inputs, {**gen_kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+    return time.perf_counter() - start
+
+
+def chat(model, tokenizer, gen_kwargs) -> int:
+    """An interactive session: each answer is streamed as it is generated; EOF or 'exit' ends it."""
+    messages = []
+    while True:
+        try:
+            prompt = input("You: ").strip()
+        except EOFError:
+            print()
+            return 0
+        if prompt in ("exit", "quit"):
+            return 0
+        if not prompt:
+            continue
+        messages.append({"role": "user", "content": prompt})
+        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                               return_dict=True)
+        inputs = {k: v.to(model.device) for k, v in inputs.items()}
+        print("Assistant: ", end="", flush=True)
+        ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)
+        messages.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
+        print(f"[{stats['new_tokens']} tokens, {stats['decode_tok_s']:.1f} tokens/s]", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import_backend(args.device)
     dtype = DTYPES[args.dtype]
 
-    tokenizer, tok_s = load_tokenizer()
-    model, load_s = load_model(args.device, dtype)
-    print(f"[load] tokenizer {tok_s:.1f}s, model {load_s:.1f}s -> {model.device} {model.dtype}, "
-          f"{weight_bytes(model) / 2**20:.0f} MiB of weights ({find_gguf().name})", file=sys.stderr)
+    tokenizer, model, loaded = load(args.device, dtype, use_cache=not args.no_weights_cache)
+    print(f"[load] {loaded} -> {model.device} {model.dtype}, "
+          f"{weight_bytes(model) / 2**20:.0f} MiB of weights", file=sys.stderr)
 
     compiled = will_compile(args.device, args.cache, args.no_compile, args.force_compile)
     gen_kwargs = generation_kwargs(args.max_new_tokens, args.cache, args.no_compile, args.force_compile,
                                    args.compile_backend, args.compile_mode)
     inputs = chat_inputs(tokenizer, args.prompt, model.device)
+    if compiled:
+        try:
+            compile_s = warm_up(model, inputs, gen_kwargs)
+        except Exception:
+            print(f"\n[generate] compiling the decode step failed on {args.device}; "
+                  f"rerun with --no-compile (eager static cache) or --cache dynamic", file=sys.stderr)
+            raise
+        print(f"[compile] decode step ready in {compile_s:.1f}s", file=sys.stderr)
+    if args.chat:
+        return chat(model, tokenizer, gen_kwargs)
     print(f"[generate] device={model.device} cache={args.cache} "
           f"decode={'compiled' if compiled else 'eager'} prompt_tokens={inputs['input_ids'].shape[1]}",
           file=sys.stderr)
     print(f"User: {args.prompt}\nAssistant: ", end="", flush=True)
-    try:
-        ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)
-    except Exception:
-        if compiled:
-            print(f"\n[generate] the compiled decode step failed on {args.device}; "
-                  f"rerun with --no-compile (eager static cache) or --cache dynamic", file=sys.stderr)
-        raise
+    ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)
     print(f"[perf] prefill {stats['prefill_s'] * 1e3:.0f} ms; decode {stats['decode_tokens']} tokens in "
-          f"{stats['decode_s']:.2f} s = {stats['decode_tok_s']:.1f} tokens/s"
-          + (" (includes compilation on a first run)" if compiled else ""), file=sys.stderr)
+          f"{stats['decode_s']:.2f} s = {stats['decode_tok_s']:.1f} tokens/s; "
+          f"answer after {time.perf_counter() - _STARTED:.1f} s", file=sys.stderr)
 
     if not args.compare_cpu:
         return 0
@@ -362,7 +502,9 @@ def main(argv=None) -> int:
     if device_type(args.device) == "cpu":
         cpu_model = model
     else:
-        cpu_model, _ = load_model("cpu", dtype)
+        cpu_model, _ = load_model("cpu", dtype, weights_cache_dir(find_gguf(), dtype)
+                                  if not args.no_weights_cache and _cached(weights_cache_dir(find_gguf(), dtype))
+                                  else None)
     ref_kwargs = generation_kwargs(args.max_new_tokens, args.cache, no_compile=True)
     ref_ids, _ = run_generate(cpu_model, chat_inputs(tokenizer, args.prompt, "cpu"), ref_kwargs)
     text = tokenizer.decode(ids, skip_special_tokens=True)

@@ -111,3 +111,31 @@ def test_sft_max_length_without_answer_tokens_fails_early():
     train = chats - 16  # --eval-size defaults to 16
     assert f"{train} of {train} training chats" in err and "16 of 16 held-out chats" in err, err[-2000:]
     assert "[load]" not in err and "[train]" not in err  # stopped before the model was loaded
+
+
+def test_generate_weights_cache_and_chat(tmp_path):
+    """The first run dequantizes the GGUF and keeps the dense weights; the
+    second loads them (same answer); --chat streams answers for stdin lines."""
+    import subprocess
+    import sys
+
+    env_cache = {"TORCH_NEURONX_CACHE": str(tmp_path / "cache")}
+    cmd = [str(EXAMPLES / "generate.py"), "--device", "cpu", "--max-new-tokens", "6", "--no-compile"]
+    first = run_python(f"import runpy, sys; sys.argv = {cmd!r}; runpy.run_path(sys.argv[0], run_name='__main__')",
+                       env=env_cache)
+    assert "[load] dequantized" in first.stderr and "kept in" in first.stderr
+    cached = list((tmp_path / "cache" / "dequantized").iterdir())
+    assert len(cached) == 1 and cached[0].name.endswith("-float32")
+    second = run_python(f"import runpy, sys; sys.argv = {cmd!r}; runpy.run_path(sys.argv[0], run_name='__main__')",
+                        env=env_cache)
+    assert "[load] cached weights" in second.stderr
+    answer = lambda out: out.stdout.split("Assistant:", 1)[1].strip()  # noqa: E731
+    assert answer(first) and answer(first) == answer(second)
+
+    import os
+    env = dict(os.environ, **env_cache)
+    chat = subprocess.run([sys.executable, *cmd, "--chat"], input="What is the capital of France?\nexit\n",
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert chat.stdout.count("You: ") == 2 and "Assistant: " in chat.stdout
+    assert "tokens/s]" in chat.stderr
