@@ -72,3 +72,51 @@ def run_python_timeout(code, timeout, env=None):
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
+
+
+# -- device-generic modules (tests/device_generic/) ---------------------------
+# ``pytest tests/`` does not collect those modules in-process: one segfault in
+# the backend would end the whole session. tests/test_device_generic.py runs
+# each of them in a child pytest instead (and works around crashes). Naming a
+# module or the directory on the command line runs it here. In such a child,
+# TORCH_NEURONX_DG_PROGRESS names a file that gets one flushed line per test
+# start / finish, so the parent knows which test was running when it died.
+# (These hooks live here, not in a tests/device_generic/conftest.py: a second
+# module named ``conftest`` would shadow this one for ``from conftest import``.)
+_DG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_generic")
+
+
+def _dg_named_explicitly(config):
+    root = str(config.invocation_params.dir)
+    for arg in config.args:
+        p = os.path.realpath(os.path.join(root, arg.split("::")[0]))
+        if p == _DG_DIR or p.startswith(_DG_DIR + os.sep):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    if os.path.dirname(str(collection_path)) != _DG_DIR:
+        return None
+    if os.environ.get("TORCH_NEURONX_DG_CHILD") == "1" or _dg_named_explicitly(config):
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return True
+    return None
+
+
+def _dg_progress(line):
+    path = os.environ.get("TORCH_NEURONX_DG_PROGRESS")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _dg_progress("start " + nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        _dg_progress("%s %s %s" % (report.when, report.outcome, report.nodeid))

@@ -2,7 +2,7 @@
 common_device_type framework, neuron variant) each in a child pytest, so a
 backend segfault or hang cannot take this session down or hide the other
 tests: when a child dies, the test it was running (known from the progress
-file written by tests/device_generic/conftest.py) is recorded as crashed and
+file written by hooks in tests/conftest.py) is recorded as crashed and
 the child is restarted on the tests that have not run yet, until all have.
 One pytest test per module; it fails on any failed, erroring or crashed test
 and names them.

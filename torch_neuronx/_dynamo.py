@@ -304,7 +304,8 @@ def _on_device(compiled, index: int, uses_rng: bool, out_devices: list, name: st
             # The host code draws from the CPU engine: seed it from the device
             # generator's Philox stream (advancing it) and leave the caller's
             # CPU RNG state untouched.
-            seed = int(torch.randint(0, 2**62, (1,), device=f"neuron:{index}").item())
+            # (31 bits: int32-safe under NEURON_RT_STRICT; plenty of entropy for a seed)
+            seed = int(torch.randint(0, 2**31 - 1, (1,), device=f"neuron:{index}").item())
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 outs = call(host)

@@ -13,10 +13,12 @@
 #include <mutex>
 #include <set>
 
+#include "Fidelity.h"
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
 #include "NeuronGenerator.h"
 #include "csrc/runtime/Philox.h"
+#include "csrc/runtime/Protect.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -296,10 +298,12 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       const at::Tensor& t = iv.toTensor();
       if (t.defined()) call.note_device(t.device());
       call.note_cpu_tensor(t, false, written);
+      if (is_neuron(t)) check_strict_dtype(t.scalar_type(), schema.name());
     } else if (iv.isTensorList()) {
       for (const at::Tensor& t : iv.toTensorList()) {
         call.note_device(t.device());
         call.note_cpu_tensor(t, false, written);
+        if (is_neuron(t)) check_strict_dtype(t.scalar_type(), schema.name());
       }
     } else if (iv.isOptionalTensorList()) {
       for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
@@ -393,6 +397,16 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Map results back to the device.
   call.sync_arguments();
   const size_t rets_begin = stack->size() - schema.returns().size();
+  if (strict_mode()) {
+    for (size_t i = rets_begin; i < stack->size(); ++i) {
+      const auto& iv = (*stack)[i];
+      if (iv.isTensor() && iv.toTensor().defined()) {
+        check_strict_dtype(iv.toTensor().scalar_type(), schema.name());
+        neuronrt::DeviceAccess access;  // reads the result on the host
+        check_strict_int_range(iv.toTensor(), schema.name());
+      }
+    }
+  }
   for (size_t i = rets_begin; i < stack->size(); ++i) {
     auto& iv = (*stack)[i];
     if (iv.isTensor()) {

@@ -11,6 +11,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "Fidelity.h"
 #include "HostExecution.h"
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
@@ -36,6 +37,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   AllocationContext context;
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
+  check_strict_dtype(scalar_type, "a neuron tensor");
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
   // Pinning is a property of host memory (as on CUDA).
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
@@ -51,6 +53,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   AllocationContext context;
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
+  check_strict_dtype(scalar_type, "a neuron tensor");
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
   // Pinning is a property of host memory (as on CUDA).
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
@@ -151,6 +154,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const at::Tensor& dev = dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self;
   if (dst.numel() == 0) return dst;
   check_supported_dtype(self.scalar_type());
+  if (dev.is_same(dst)) check_strict_dtype(self.scalar_type(), "a copy to neuron");
   if (self._is_zerotensor()) {  // no storage behind it
     dst.zero_();
     return dst;

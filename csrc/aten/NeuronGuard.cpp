@@ -5,6 +5,7 @@
 
 #include "NeuronFunctions.h"
 #include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Target.h"
 
 namespace at::neuron {
 namespace {
@@ -58,6 +59,12 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                        c10::kIndex_Float8_e5m2, c10::kIndex_Float8_e4m3fn, c10::kIndex_Float8_e5m2fnuz,
                        c10::kIndex_Float8_e4m3fnuz, c10::kIndex_Float8_e8m0fnu}) {
       cap.capability_data.capability_bits |= uint64_t{1} << index;
+    }
+    if (neuronrt::strict()) {  // what the target Trainium has (docs/fidelity.md)
+      for (auto index : {c10::kIndex_Double, c10::kIndex_ComplexHalf, c10::kIndex_ComplexFloat,
+                         c10::kIndex_ComplexDouble, c10::kIndex_UInt64}) {
+        cap.capability_data.capability_bits &= ~(uint64_t{1} << index);
+      }
     }
     return cap;
   }

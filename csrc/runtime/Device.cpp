@@ -6,13 +6,12 @@
 #include <cstdlib>
 
 #include "Error.h"
+#include "Target.h"
 #include "Stream.h"
 
 namespace neuronrt {
 namespace {
 
-constexpr int kDefaultCores = 2;
-constexpr size_t kDefaultHbmBytes = size_t{16} << 30;
 
 std::string trim(const std::string& text) {
   size_t b = 0, e = text.size();
@@ -42,9 +41,16 @@ std::string describe(const char* variable, const char* value, const Error& e, co
 }
 
 const DeviceConfig& environment_config() {
-  static const DeviceConfig config =
-      parse_device_config(std::getenv("NEURON_RT_VISIBLE_CORES"), std::getenv("NEURON_RT_NUM_CORES"),
-                          std::getenv("NEURON_RT_HBM_BYTES"));
+  static const DeviceConfig config = [] {
+    const TargetModel& t = target();
+    DeviceConfig c = parse_device_config(std::getenv("NEURON_RT_VISIBLE_CORES"), std::getenv("NEURON_RT_NUM_CORES"),
+                                         std::getenv("NEURON_RT_HBM_BYTES"), t.cores_per_chip, t.hbm_per_core);
+    if (!target_error().empty()) {
+      c.error += (c.error.empty() ? "" : "\n") + target_error();
+      c.cores.clear();
+    }
+    return c;
+  }();
   return config;
 }
 
@@ -58,7 +64,9 @@ const Topology& topology() {
     const DeviceConfig& config = environment_config();
     for (int core : config.cores) {
       DeviceProperties p;
-      p.name = "NeuronCore-v3 (host runtime)";
+      const TargetModel& model = target();
+      p.name = model.core_name + " (" + (model.name.empty() ? "" : model.name + ", ") + "host runtime)";
+      p.major = model.major;
       p.total_memory = config.hbm_bytes;
       p.physical_core = core;
       t.devices.push_back(p);
@@ -72,7 +80,8 @@ thread_local int tls_current_device = 0;
 
 }  // namespace
 
-DeviceConfig parse_device_config(const char* visible_cores, const char* num_cores, const char* hbm_bytes) {
+DeviceConfig parse_device_config(const char* visible_cores, const char* num_cores, const char* hbm_bytes,
+                                 int default_cores, size_t default_hbm) {
   DeviceConfig config;
   auto fail = [&](const std::string& line) {
     if (!config.error.empty()) config.error += "\n";
@@ -90,7 +99,7 @@ DeviceConfig parse_device_config(const char* visible_cores, const char* num_core
                     "'0-1,4'"));
     }
   }
-  int count = kDefaultCores;
+  int count = default_cores;
   if (num_cores && *num_cores) {
     try {
       count = parse_core_count(num_cores);
@@ -100,7 +109,7 @@ DeviceConfig parse_device_config(const char* visible_cores, const char* num_core
     }
   }
   try {
-    config.hbm_bytes = parse_bytes(hbm_bytes, kDefaultHbmBytes);
+    config.hbm_bytes = parse_bytes(hbm_bytes, default_hbm);
   } catch (const Error& e) {
     fail(describe("NEURON_RT_HBM_BYTES", hbm_bytes, e,
                   "a positive byte count with an optional binary suffix K, M, G or T (also written KB/KiB, ...), "

@@ -31,8 +31,11 @@ struct DeviceConfig {
 
 // Validates the raw variable values (null or empty = unset). Never throws:
 // errors are reported in DeviceConfig::error.
+// `default_cores` and `default_hbm` apply when their variables are unset
+// (the NEURON_RT_TARGET model's, or 2 cores of 16 GiB).
 DeviceConfig parse_device_config(const char* visible_cores, const char* num_cores,
-                                 const char* hbm_bytes);
+                                 const char* hbm_bytes, int default_cores = 2,
+                                 size_t default_hbm = size_t{16} << 30);
 
 // Number of visible cores. Reads NEURON_RT_VISIBLE_CORES ("0-3", "1,3") or
 // NEURON_RT_NUM_CORES once; defaults to 2. Never throws (PyTorch's
