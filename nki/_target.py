@@ -44,6 +44,12 @@ def gemm_moving_fmax(dst_itemsize=4, target=None):
     return 512
 
 
+def psum_tile_bytes(target=None):
+    """Largest PSUM tile per partition: one 2 KiB bank up to trn2; trn3's
+    wide matmuls (4096 fp32 columns) span all 8 banks."""
+    return PSUM_BANK_BYTES * (PSUM_BANKS if (target or current()) == "trn3" else 1)
+
+
 def sbuf_partition_bytes(target=None):
     return _SBUF_PARTITION_BYTES[target or current()]
 

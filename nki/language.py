@@ -40,9 +40,12 @@ def ndarray(shape, dtype, buffer=sbuf, name="", **kwargs):
             fail(instr, "shape", "an on-chip tensor needs a partition dimension")
         _checks.partitions(instr, "shape", shape[0])
         row_bytes = math.prod(shape[1:]) * dtype.itemsize
-        if buffer is psum and row_bytes > _target.PSUM_BANK_BYTES:
-            fail(instr, "shape", f"PSUM tile of {row_bytes} bytes per partition exceeds the 2 KiB PSUM bank "
-                                 f"(512 fp32 elements, nl.tile_size.psum_bank_fmax)")
+        if buffer is psum and row_bytes > _target.psum_tile_bytes():
+            if _target.psum_tile_bytes() == _target.PSUM_BANK_BYTES:
+                fail(instr, "shape", f"PSUM tile of {row_bytes} bytes per partition exceeds the 2 KiB PSUM bank "
+                                     f"(512 fp32 elements, nl.tile_size.psum_bank_fmax) on {_target.current()}")
+            fail(instr, "shape", f"PSUM tile of {row_bytes} bytes per partition exceeds the "
+                                 f"{_target.psum_tile_bytes()}-byte PSUM partition")
         cap = _target.sbuf_partition_bytes()
         if buffer is sbuf and row_bytes > cap:
             fail(instr, "shape", f"SBUF tile of {row_bytes} bytes per partition exceeds the {cap}-byte SBUF "
