@@ -167,8 +167,7 @@ def _run_torch(program, tensors):
     for name, t in tensors:
         _contiguous(name, t)
     if device.type == "cpu":
-        bound = _bind_storages(program, {n: t for n, t in tensors}, outs)
-        execute(program, bound, _precise())
+        _execute(program, _bind_storages(program, {n: t for n, t in tensors}, outs), outs)
         return result
     if device.type != "neuron":
         raise NKIError(f"nki.jit: torch tensors must be on 'neuron' (or 'cpu'), got '{device.type}'")
@@ -179,7 +178,7 @@ def _run_torch(program, tensors):
     bound = _bind_storages(program, host, host_outs)
 
     def kernel():
-        execute(program, bound, _precise())
+        _execute(program, bound, host_outs)
     _C._launch(index, kernel)
     return result
 
@@ -195,7 +194,7 @@ def _run_numpy(program, arrays):
     outs = {st.id: torch.empty(st.shape, dtype=st.dtype) for st in _output_storages(program)}
     for st in _output_storages(program):
         _dtypes.to_numpy(st.dtype)
-    execute(program, _bind_storages(program, args, outs), _precise())
+    _execute(program, _bind_storages(program, args, outs), outs)
     return _rebuild(program.result, {sid: t.numpy() for sid, t in outs.items()})
 
 
@@ -212,10 +211,16 @@ def _bind_storages(program, args, outs):
         if st.arg is not None:
             bound[st.id] = args[st.arg].reshape(-1)
     for sid, t in outs.items():
-        flat = t.reshape(-1)
-        flat.fill_(_dtypes.sentinel(t.dtype))
-        bound[sid] = flat
+        bound[sid] = t.reshape(-1)
     return bound
+
+
+def _execute(program, bound, outs):
+    # Fresh outputs hold the NaN sentinel, as every new buffer does. Filled
+    # here, inside the launch: it is device work like the kernel itself.
+    for sid in outs:
+        bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
+    execute(program, bound, _precise())
 
 
 def jit(fn=None, mode=None, platform_target=None, **options):

@@ -439,3 +439,17 @@ def test_platform_target_argument_rejected():
 def test_list_argument_rejected():
     with pytest.raises(nki.NKIError, match="pass a tuple"):
         K.transpose2d(np.zeros((4, 12), np.float32), [3, 4])
+
+
+def test_kernel_touches_device_memory_only_inside_its_launch():
+    """Protect mode faults on host access to device memory outside a launch:
+    the output's sentinel fill and the kernel must both run inside it."""
+    from conftest import run_python
+    run_python("""
+        import torch, torch_neuronx, sys
+        sys.path.insert(0, %r)
+        import nki_kernels as K
+        a = torch.randn(128, 512)
+        out = K.tensor_add(a.to("neuron"), a.to("neuron"))
+        torch.testing.assert_close(out.cpu(), a + a)
+    """ % os.path.dirname(os.path.abspath(__file__)), env={"NEURON_RT_PROTECT": "1"})
