@@ -218,9 +218,12 @@ def _bind_storages(program, args, outs):
 def _execute(program, bound, outs):
     # Fresh outputs hold the NaN sentinel, as every new buffer does. Filled
     # here, inside the launch: it is device work like the kernel itself.
-    for sid in outs:
-        bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
-    execute(program, bound, _precise())
+    # No autograd: kernels write into their arguments in place (autograd
+    # for a kernel comes from nki_op(...).register_autograd).
+    with torch.no_grad():
+        for sid in outs:
+            bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
+        execute(program, bound, _precise())
 
 
 def jit(fn=None, mode=None, platform_target=None, **options):

@@ -467,3 +467,14 @@ __all__ += ["ndarray", "zeros", "ones", "full", "zeros_like", "ones_like", "full
             "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "bool_", "int8", "int16", "int32", "uint8",
             "uint16", "uint32", "float16", "bfloat16", "tfloat32", "float32", "float8_e4m3", "float8_e4m3fn",
             "float8_e5m2", "ElementwiseOp", "NkiTensor"]
+
+
+_LEGACY = {"arange": "slices or nl.ds", "mgrid": "slices, nl.ds or NkiTensor.ap", "par_dim": "the first dimension",
+           "mask": "slices", "spmd_dim": "kernel[grid]"}
+
+
+def __getattr__(name):
+    if name in _LEGACY:
+        raise AttributeError(f"nki.language.{name} belongs to the legacy neuronxcc.nki API, removed in NKI 0.3; "
+                             f"use {_LEGACY[name]}")
+    raise AttributeError(f"module 'nki.language' has no attribute '{name}'")

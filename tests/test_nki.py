@@ -453,3 +453,17 @@ def test_kernel_touches_device_memory_only_inside_its_launch():
         out = K.tensor_add(a.to("neuron"), a.to("neuron"))
         torch.testing.assert_close(out.cpu(), a + a)
     """ % os.path.dirname(os.path.abspath(__file__)), env={"NEURON_RT_PROTECT": "1"})
+
+
+def test_legacy_names_explain_the_migration():
+    with pytest.raises(AttributeError, match="legacy neuronxcc.nki API.*nl.ds"):
+        nl.arange(4)
+
+
+def test_kernel_on_tensor_requiring_grad():
+    """A raw kernel call is outside autograd: it reads a leaf that requires
+    grad without an in-place error and returns a tensor without history."""
+    a = torch.randn(128, 512, requires_grad=True)
+    out = K.tensor_add(a, a)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, (a + a).detach())
