@@ -141,9 +141,13 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     def run(env):
         r = (env.f32(stationary).t() @ env.f32(moving).reshape(K, N)).reshape(dst.shape)
         cur = env.view(dst)
-        if accumulate is None:
-            r = torch.where(env.mask(dst), cur.to(torch.float32) + r, r)
-        elif accumulate:
+        add = accumulate
+        if add is None:
+            written = env.mask(dst)
+            add = bool(written.all())
+            if not add and written.any():
+                r = torch.where(written, cur.to(torch.float32) + r, r)
+        if add:
             r = cur.to(torch.float32) + r
         env.write(dst, r)
     _trace.record(instr, run, dst, stationary, moving)

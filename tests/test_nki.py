@@ -467,3 +467,34 @@ def test_kernel_on_tensor_requiring_grad():
     out = K.tensor_add(a, a)
     assert not out.requires_grad
     torch.testing.assert_close(out, (a + a).detach())
+
+
+def test_psum_accumulate_flag():
+    """accumulate=None: first write overwrites (even over the NaN sentinel),
+    later ones add, also when only part of the tile was written before;
+    False overwrites; True adds."""
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((4, 64, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        x, y = nl.load(a), nl.load(b)
+        acc = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc[:, 0:4], x, y[:, 0:4])      # first write of columns 0..3
+        nisa.nc_matmul(acc, x, y)                       # adds on 0..3, overwrites 4..7
+        nl.store(out[0], nl.copy(acc))
+        nisa.nc_matmul(acc, x, y, accumulate=False)
+        nl.store(out[1], nl.copy(acc))
+        nisa.nc_matmul(acc, x, y, accumulate=True)
+        nl.store(out[2], nl.copy(acc))
+        nisa.nc_matmul(acc, x, y)
+        nl.store(out[3], nl.copy(acc))
+        return out
+
+    a, b = torch.randn(32, 64), torch.randn(32, 8)
+    p = a.T @ b
+    r = k(a, b)
+    first = p.clone()
+    first[:, :4] *= 2
+    torch.testing.assert_close(r[0], first)
+    torch.testing.assert_close(r[1], p)
+    torch.testing.assert_close(r[2], 2 * p)
+    torch.testing.assert_close(r[3], 3 * p)
