@@ -17,6 +17,14 @@ class Env:
         self.bufs = dict(bound)
         self.written = {}
         self.precise = precise
+        self.regs = {}
+
+    def registers(self, engine):
+        """The engine's accumulator registers (one fp32 per partition)."""
+        r = self.regs.get(engine)
+        if r is None:
+            r = self.regs[engine] = torch.zeros(128)
+        return r
 
     def flat(self, st):
         t = self.bufs.get(st.id)

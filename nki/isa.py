@@ -29,6 +29,20 @@ class engine:
     unknown = _Enum("engine", "unknown")
 
 
+class reduce_cmd:
+    """How an instruction's free-axis reduction meets the engine's 128
+    accumulator registers (one fp32 per partition): ``idle`` leaves them,
+    ``reset`` zeroes them, ``reduce`` folds the new reduction into them,
+    ``reset_reduce`` stores it, ``load_reduce`` stores ``reduce_init``
+    folded with it. ``reduce_res`` then receives the registers; with
+    ``idle``, passing ``reduce_res`` means ``reset_reduce``."""
+    idle = _Enum("reduce_cmd", "idle")
+    reset = _Enum("reduce_cmd", "reset")
+    reduce = _Enum("reduce_cmd", "reduce")
+    reset_reduce = _Enum("reduce_cmd", "reset_reduce")
+    load_reduce = _Enum("reduce_cmd", "load_reduce")
+
+
 def _engine(instr, e):
     if e is not None and not isinstance(e, _Enum):
         fail(instr, "engine", f"expected an nisa.engine value, got {e!r} (raw integers are rejected)")
@@ -162,9 +176,15 @@ def nc_transpose(dst, data, engine=None, name=None, **kw):
     _checks.tile(instr, "dst", dst)
     if data.ndim != 2 or tuple(dst.shape) != (data.shape[1], data.shape[0]):
         fail(instr, "dst", f"shape {list(dst.shape)} is not the transpose of data {list(data.shape)}")
-    limit = 32 if engine is not None and engine.name == "vector" else _target.PMAX
+    on_vector = engine is not None and engine.name == "vector" or (
+        (engine is None or engine.name == "unknown") and max(data.shape) <= 32 and _checks.kind(dst) != "psum")
+    limit = 32 if on_vector else _target.PMAX
     if data.shape[1] > limit or data.shape[0] > limit:
-        fail(instr, "data", f"shape {list(data.shape)} exceeds the {limit}x{limit} transpose limit")
+        fail(instr, "data", f"shape {list(data.shape)} exceeds the {limit}x{limit} transpose limit of the "
+                            f"{'Vector' if on_vector else 'Tensor'} Engine")
+    if not on_vector:
+        _checks.tile(instr, "data", data, _checks.SBUF)
+        _checks.tile(instr, "dst", dst, _checks.PSUM)
     _trace.record(instr, lambda env: env.write(dst, env.view(data).t()), dst, data)
 
 
@@ -204,6 +224,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if op1 is not None:
         i1 = _checks.op(instr, "op1", op1, 2)
         _checks.per_partition_scalar(instr, "operand1", operand1, data.shape[0])
+        if (i0.kind == "bitvec") != (i1.kind == "bitvec"):
+            fail(instr, "op1", f"op0 (nl.{i0.name}) and op1 (nl.{i1.name}) must both be bitvector or both "
+                               f"arithmetic ops")
     _checks.bitvec(instr, i0, data)
 
     def run(env):
@@ -216,27 +239,37 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     _trace.record(instr, run, dst, data, *[o for o in (operand0, operand1) if isinstance(o, NkiTensor)])
 
 
-def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1=None, reverse0=False, reverse1=False,
-                         engine=None, name=None, data1=None, **kw):
-    """``dst = op1(op0(data, operand0), operand1)`` with ``operand1`` a tile of
-    ``data``'s shape."""
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_op=None, reduce_res=None, name=None, **kw):
+    """Vector Engine: ``dst = (data <op0> operand0) <op1> operand1`` with
+    ``operand0`` a number or [P, 1] tile and ``operand1`` a tile of
+    ``data``'s shape; optionally reduces the result into ``reduce_res``."""
     instr = _name("scalar_tensor_tensor")
-    _engine(instr, engine)
-    other = operand1 if operand1 is not None else data1
     _checks.tile(instr, "dst", dst)
     _checks.tile(instr, "data", data)
-    _checks.tile(instr, "operand1", other)
-    _checks.same_shape(instr, ("dst", "data", "operand1"), dst, data, other)
+    _checks.tile(instr, "operand1", operand1)
+    _checks.same_numel_per_partition(instr, ("dst", "data", "operand1"), dst, data, operand1)
     i0 = _checks.op(instr, "op0", op0, 2)
     i1 = _checks.op(instr, "op1", op1, 2)
+    for nm, impl in (("op0", i0), ("op1", i1)):
+        if impl.kind == "bitvec":
+            fail(instr, nm, f"nl.{impl.name} is a bitvector op; scalar_tensor_tensor takes arithmetic ops")
+    if _checks.kind(data) == "psum" and _checks.kind(operand1) == "psum":
+        fail(instr, "operand1", "data and operand1 cannot both be in PSUM")
     _checks.per_partition_scalar(instr, "operand0", operand0, data.shape[0])
+    rimpl = _check_reduce(instr, reduce_op, reduce_res, data, reduce_cmd) if reduce_op is not None or \
+        reduce_res is not None else None
+    cmd = reduce_cmd
 
     def run(env):
         x = env.f32(data)
         r = _apply(i0, x, env.scalar(operand0, x.ndim), reverse0)
-        r = _apply(i1, r, env.f32(other), reverse1)
-        env.write(dst, r)
-    _trace.record(instr, run, dst, data, other, *[o for o in (operand0,) if isinstance(o, NkiTensor)])
+        r = _apply(i1, r, env.f32(operand1).reshape(x.shape), reverse1)
+        env.write(dst, r.reshape(dst.shape))
+        if rimpl is not None:
+            _accumulate(env, "vector", cmd, rimpl, r, reduce_res)
+    _trace.record(instr, run, dst, data, operand1,
+                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)])
 
 
 def _reduced_shape(shape, axes, keepdims):
@@ -253,6 +286,9 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
     _checks.tile(instr, "data", data)
     _checks.tile(instr, "dst", dst)
     axes = _checks.free_axes(instr, axis, data.ndim)
+    if sorted(axes) != list(range(data.ndim - len(axes), data.ndim)):
+        fail(instr, "axis", f"axis {axis} must be the last contiguous free dimensions of a {data.ndim}-D tile "
+                            f"(e.g. ({data.ndim - 1},) or {tuple(range(1, data.ndim))})")
     shape = _reduced_shape(data.shape, axes, keepdims)
     if math.prod(dst.shape) != math.prod(shape) or dst.shape[0] != data.shape[0]:
         fail(instr, "dst", f"shape {list(dst.shape)} does not match the reduced shape {list(shape)}")
@@ -283,69 +319,143 @@ def _activation_value(env, impl, data, bias, scale):
     return impl.compute(y)
 
 
-def _reduce_into(instr, env, reduce_impl, reduce_res, y):
-    axes = tuple(range(1, y.ndim))
-    r = _reduce_fn(reduce_impl, y, axes, False) if axes else y
-    env.write(reduce_res, r.reshape(reduce_res.shape))
-
-
-def _check_reduce(instr, reduce_op, reduce_res, data):
-    impl = _checks.op(instr, "reduce_op", reduce_op, 2)
-    if impl.reduce is None:
-        fail(instr, "reduce_op", f"nl.{impl.name} is not a reduction op")
-    _checks.tile(instr, "reduce_res", reduce_res)
-    if reduce_res.shape[0] != data.shape[0] or math.prod(reduce_res.shape[1:]) != 1:
-        fail(instr, "reduce_res", f"expected shape [{data.shape[0]}, 1], got {list(reduce_res.shape)}")
+def _check_reduce(instr, reduce_op, reduce_res, data, cmd=None, only=None):
+    """Validates the optional reduction of ``instr``; returns its op (or None)."""
+    if cmd is not None and not (isinstance(cmd, _Enum) and cmd.kind == "reduce_cmd"):
+        fail(instr, "reduce_cmd", f"expected an nisa.reduce_cmd value, got {cmd!r} (raw integers are rejected)")
+    if reduce_op is None:
+        if reduce_res is not None or (cmd is not None and cmd.name in ("reduce", "reset_reduce", "load_reduce")):
+            fail(instr, "reduce_op", "a reduction (reduce_res or a reducing reduce_cmd) needs reduce_op")
+        impl = None
+    else:
+        impl = _checks.op(instr, "reduce_op", reduce_op, 2)
+        if impl.reduce is None or impl.kind == "bitvec":
+            fail(instr, "reduce_op", f"nl.{impl.name} is not an arithmetic reduction op")
+        if only is not None and impl.name not in only:
+            fail(instr, "reduce_op", f"nl.{impl.name} is not supported here; reduce_op must be "
+                                     f"{' or '.join('nl.' + o for o in only)}")
+    if reduce_res is not None:
+        _checks.tile(instr, "reduce_res", reduce_res)
+        if reduce_res.shape[0] != data.shape[0] or math.prod(reduce_res.shape[1:]) != 1:
+            fail(instr, "reduce_res", f"expected shape [{data.shape[0]}, 1], got {list(reduce_res.shape)}")
     return impl
 
 
-def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=None,
-               name=None, **kw):
+def _accumulate(env, engine_name, cmd, impl, y, reduce_res, init=0.0, negate=False):
+    """Applies ``cmd`` to ``engine_name``'s accumulator registers with the
+    free-axis reduction of ``y`` and writes them to ``reduce_res``."""
+    p = y.shape[0]
+    regs = env.registers(engine_name)
+    name = cmd.name
+    if name == "idle" and reduce_res is not None:
+        name = "reset_reduce"  # asking for reduce_res asks for this instruction's reduction
+    if name == "reset":
+        regs.zero_()
+    elif name in ("reduce", "reset_reduce", "load_reduce"):
+        axes = tuple(range(1, y.ndim))
+        r = _reduce_fn(impl, y, axes, False) if axes else y.reshape(p)
+        if name == "reduce":
+            regs[:p] = _reduce_fn(impl, torch.stack([regs[:p], r]), (0,), False)
+        elif name == "load_reduce":
+            base = env.scalar(init, 1).reshape(-1) if isinstance(init, NkiTensor) else torch.full((p,), float(init))
+            regs[:p] = _reduce_fn(impl, torch.stack([base, r]), (0,), False)
+        else:
+            regs[:p] = r
+    if reduce_res is not None:
+        v = regs[:p]
+        env.write(reduce_res, (-v if negate else v).reshape(reduce_res.shape))
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+               engine=None, name=None, **kw):
     """Scalar Engine: ``dst = op(data * scale + bias)`` (``bias``/``scale``
-    per partition), optionally reducing the result along the free axis into
-    ``reduce_res``."""
+    numbers or [P, 1] tiles); ``reduce_cmd`` folds the sum of each
+    partition of the result into the engine's accumulator registers, which
+    ``reduce_res`` receives."""
     instr = _name("activation")
+    _engine(instr, engine)
     impl = _activation_common(instr, dst, op, data, bias, scale)
-    rimpl = _check_reduce(instr, reduce_op, reduce_res, data) if reduce_res is not None else None
+    rimpl = _check_reduce(instr, reduce_op, reduce_res, data, reduce_cmd, only=("add",))
+    cmd = reduce_cmd
 
     def run(env):
         y = _activation_value(env, impl, data, bias, scale)
         env.write(dst, y.reshape(dst.shape))
-        if rimpl is not None:
-            _reduce_into(instr, env, rimpl, reduce_res, y)
+        if cmd.name != "idle" or reduce_res is not None:
+            _accumulate(env, "scalar", cmd, rimpl, y, reduce_res)
     _trace.record(instr, run, dst, data, *[t for t in (bias, scale, reduce_res) if isinstance(t, NkiTensor)])
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **kw):
+    """``activation`` with ``reduce_cmd=reset_reduce``: ``reduce_res`` gets
+    the sum of each partition of the result."""
     instr = _name("activation_reduce")
     impl = _activation_common(instr, dst, op, data, bias, scale)
-    rimpl = _check_reduce(instr, reduce_op, reduce_res, data)
+    if reduce_res is None:
+        fail(instr, "reduce_res", "activation_reduce needs a [P, 1] reduce_res")
+    rimpl = _check_reduce(instr, reduce_op, reduce_res, data, reduce_cmd.reset_reduce, only=("add",))
 
     def run(env):
         y = _activation_value(env, impl, data, bias, scale)
         env.write(dst, y.reshape(dst.shape))
-        _reduce_into(instr, env, rimpl, reduce_res, y)
+        _accumulate(env, "scalar", reduce_cmd.reset_reduce, rimpl, y, reduce_res)
     _trace.record(instr, run, dst, data, reduce_res, *[t for t in (bias, scale) if isinstance(t, NkiTensor)])
 
 
-def exponential(dst, src, max_value=0.0, reduce_res=None, name=None, **kw):
-    """``dst = exp(src - max_value)`` (``max_value`` a number or a [P, 1]
-    tile), optionally summing each partition into ``reduce_res``."""
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None,
+                         **kw):
+    """Vector Engine: ``dst = data <op0> operand0`` and its free-axis
+    reduction (nl.add, nl.multiply, nl.maximum, nl.minimum) into the
+    accumulator registers / ``reduce_res``."""
+    instr = _name("tensor_scalar_reduce")
+    _checks.tile(instr, "dst", dst)
+    _checks.tile(instr, "data", data)
+    _checks.same_numel_per_partition(instr, ("dst", "data"), dst, data)
+    i0 = _checks.op(instr, "op0", op0, 2)
+    if i0.kind == "bitvec":
+        fail(instr, "op0", f"nl.{i0.name} is a bitvector op; tensor_scalar_reduce takes arithmetic ops")
+    _checks.per_partition_scalar(instr, "operand0", operand0, data.shape[0])
+    rimpl = _check_reduce(instr, reduce_op, reduce_res, data, reduce_cmd,
+                          only=("add", "multiply", "maximum", "minimum"))
+    cmd = reduce_cmd
+
+    def run(env):
+        x = env.f32(data)
+        y = _apply(i0, x, env.scalar(operand0, x.ndim), reverse0)
+        env.write(dst, y.reshape(dst.shape))
+        _accumulate(env, "vector", cmd, rimpl, y, reduce_res,
+                    0.0 if reduce_init is None else reduce_init, reduce_res_negate)
+    _trace.record(instr, run, dst, data,
+                  *[t for t in (operand0, reduce_res, reduce_init) if isinstance(t, NkiTensor)])
+
+
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0, name=None,
+                **kw):
+    """Vector Engine, NeuronCore-v4 (trn3) and newer: ``dst = exp(src -
+    max_value)`` (``max_value`` a number or a [P, 1] tile); ``reduce_cmd``
+    folds the row sums into the accumulator registers / ``reduce_res``."""
     instr = _name("exponential")
+    if _target.current() != "trn3":
+        fail(instr, None, f"is available only on NeuronCore-v4 (trn3) and newer, the target is "
+                          f"{_target.current()} (use nisa.activation(op=nl.exp, bias=...) instead)")
     _checks.tile(instr, "dst", dst)
     _checks.tile(instr, "src", src)
-    _checks.same_shape(instr, ("dst", "src"), dst, src)
+    _checks.same_numel_per_partition(instr, ("dst", "src"), dst, src)
     _checks.per_partition_scalar(instr, "max_value", max_value, src.shape[0])
-    if reduce_res is not None:
-        _check_reduce(instr, _OPS_ADD, reduce_res, src)
+    rimpl = _check_reduce(instr, _OPS_ADD, reduce_res, src, reduce_cmd)
+    if reduce_cmd.name != "load_reduce" and (isinstance(reduce_init, NkiTensor) or reduce_init != 0.0):
+        fail(instr, "reduce_init", "reduce_init is only used with reduce_cmd=nisa.reduce_cmd.load_reduce")
+    cmd = reduce_cmd
 
     def run(env):
         x = env.f32(src)
         y = torch.exp(x - env.scalar(max_value, x.ndim))
-        env.write(dst, y)
-        if reduce_res is not None:
-            _reduce_into(instr, env, _OPS_ADD, reduce_res, y)
-    _trace.record(instr, run, dst, src, *[t for t in (max_value, reduce_res) if isinstance(t, NkiTensor)])
+        env.write(dst, y.reshape(dst.shape))
+        if cmd.name != "idle" or reduce_res is not None:
+            _accumulate(env, "vector", cmd, rimpl, y, reduce_res, reduce_init)
+    _trace.record(instr, run, dst, src,
+                  *[t for t in (max_value, reduce_res, reduce_init) if isinstance(t, NkiTensor)])
 
 
 def reciprocal(dst, data, name=None, **kw):
@@ -437,54 +547,67 @@ def _check_pattern(instr, pattern, shape):
                                f"{math.prod(shape[1:])}")
 
 
-def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **kw):
-    """``dst[p, i...] = offset + p * channel_multiplier + sum(i_k * step_k)``."""
+def iota(dst, pattern, offset, channel_multiplier=0, name=None, **kw):
+    """GpSimd: ``dst[p, i...] = offset + p * channel_multiplier + sum(i_k *
+    step_k)`` over ``pattern = [[step, count], ...]``."""
     instr = _name("iota")
-    _checks.tile(instr, "dst", dst)
+    _checks.tile(instr, "dst", dst, _checks.SBUF)
     _check_pattern(instr, pattern, dst.shape)
     _trace.record(instr, lambda env: env.write(
         dst, _affine(pattern, offset, channel_multiplier, dst.shape).reshape(dst.shape).to(torch.float32)), dst)
 
 
-def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0,
+def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None,
                   name=None, **kw):
-    """``dst = on_true_tile where cmp_op(affine, 0) else on_false_value``, the
-    affine expression as in iota (causal and triangular masks)."""
+    """GpSimd: ``dst = on_true_tile where cmp_op(affine, 0) else
+    on_false_value``, the affine value as in iota (``cmp_op`` defaults to
+    nl.equal); causal and triangular masks."""
     from ._ops import OPS
     instr = _name("affine_select")
-    impl = _checks.op(instr, "cmp_op", cmp_op if cmp_op is not None else OPS["greater_equal"], 2)
+    impl = _checks.op(instr, "cmp_op", cmp_op if cmp_op is not None else OPS["equal"], 2)
     _checks.tile(instr, "dst", dst)
     _checks.tile(instr, "on_true_tile", on_true_tile)
-    _checks.same_shape(instr, ("dst", "on_true_tile"), dst, on_true_tile)
+    _checks.same_numel_per_partition(instr, ("dst", "on_true_tile"), dst, on_true_tile)
     _check_pattern(instr, pattern, dst.shape)
+    if not isinstance(on_false_value, (int, float)):
+        fail(instr, "on_false_value", f"expected a number, got {type(on_false_value).__name__}")
 
     def run(env):
         v = _affine(pattern, offset, channel_multiplier, dst.shape).reshape(dst.shape).to(torch.float32)
         cond = impl.compute(v, torch.zeros(())) != 0
-        env.write(dst, torch.where(cond, env.f32(on_true_tile), torch.tensor(float(on_false_value))))
+        env.write(dst, torch.where(cond, env.f32(on_true_tile).reshape(dst.shape),
+                                   torch.tensor(float(on_false_value))))
     _trace.record(instr, run, dst, on_true_tile)
 
 
-def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=None, reduce_op=None,
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,
                   reverse_pred=False, name=None, **kw):
-    """``dst = where(predicate, on_true, on_false)`` (``on_false`` a number or
-    [P, 1] tile), optionally max/min-reducing ``dst`` per partition."""
+    """Vector Engine: ``dst = where(predicate, on_true, on_false)`` with an
+    integer predicate and ``on_false`` a number or [P, 1] tile; optionally
+    max-reduces ``dst`` into the accumulator registers / ``reduce_res``."""
     from ._ops import OPS
     instr = _name("select_reduce")
     for nm, t in (("dst", dst), ("predicate", predicate), ("on_true", on_true)):
         _checks.tile(instr, nm, t)
-    _checks.same_shape(instr, ("dst", "predicate", "on_true"), dst, predicate, on_true)
+    _checks.same_numel_per_partition(instr, ("dst", "predicate", "on_true"), dst, predicate, on_true)
+    if predicate.dtype.is_floating_point or predicate.dtype == torch.int32 or predicate.dtype == torch.uint32:
+        fail(instr, "predicate", f"dtype {_dtypes.name(predicate.dtype)}: the predicate is int8, uint8, int16 or "
+                                 f"uint16")
+    if _checks.kind(predicate) == "psum" and _checks.kind(on_true) == "psum":
+        fail(instr, "on_true", "on_true and predicate cannot both be in PSUM")
     _checks.per_partition_scalar(instr, "on_false", on_false, dst.shape[0])
-    rimpl = _check_reduce(instr, reduce_op or OPS["maximum"], reduce_res, dst) if reduce_res is not None else None
+    rimpl = _check_reduce(instr, reduce_op or OPS["maximum"], reduce_res, dst, reduce_cmd, only=("maximum",))
+    cmd = reduce_cmd
 
     def run(env):
-        c = env.f32(predicate) != 0
+        c = env.view(predicate) != 0
         if reverse_pred:
             c = ~c
-        y = torch.where(c, env.f32(on_true), env.scalar(on_false, dst.ndim))
+        y = torch.where(c.reshape(dst.shape), env.f32(on_true).reshape(dst.shape),
+                        env.scalar(on_false, dst.ndim))
         env.write(dst, y)
-        if rimpl is not None:
-            _reduce_into(instr, env, rimpl, reduce_res, y)
+        if cmd.name != "idle" or reduce_res is not None:
+            _accumulate(env, "vector", cmd, rimpl, y, reduce_res)
     _trace.record(instr, run, dst, predicate, on_true,
                   *[t for t in (on_false, reduce_res) if isinstance(t, NkiTensor)])
 
@@ -540,7 +663,7 @@ from ._ops import OPS as _OPS  # noqa: E402
 
 _OPS_ADD = _OPS["add"]
 
-__all__ = ["engine", "dma_copy", "tensor_copy", "memset", "dma_transpose", "nc_matmul", "nc_transpose",
+__all__ = ["engine", "reduce_cmd", "tensor_scalar_reduce", "dma_copy", "tensor_copy", "memset", "dma_transpose", "nc_matmul", "nc_transpose",
            "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "activation",
            "activation_reduce", "exponential", "reciprocal", "bn_stats", "bn_aggr", "tensor_partition_reduce",
            "iota", "affine_select", "select_reduce", "max8", "nc_find_index8", "dropout"]

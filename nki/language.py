@@ -200,6 +200,10 @@ def copy(x, dtype=None, **kw):
     return out
 
 
+# nl.copy is also the identity activation (``op=nl.copy``).
+copy._nki_op = OPS["copy"]
+
+
 def load_transpose2d(src, dtype=None, **kw):
     instr = "nki.language.load_transpose2d"
     _checks.tile(instr, "src", src, ("hbm",))

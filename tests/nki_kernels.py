@@ -163,24 +163,47 @@ def rmsnorm(x, w, eps):
 
 @nki.jit
 def softmax_rows(x):
-    """Row softmax with a partial last tile: max, exp(x - max) with its
-    row sum, then a multiply by the reciprocal."""
+    """Row softmax with a partial last tile: row max (tensor_reduce),
+    exp(x - max) on the Scalar Engine with its row sum in the accumulator
+    registers, then a multiply by the reciprocal."""
     rows, F = x.shape
     out = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.shared_hbm)
     for i in nl.affine_range((rows + 127) // 128):
         p = min(128, rows - i * 128)
         t = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x[i * 128:i * 128 + p])
-        mx = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=mx, op=nl.maximum, data=t, axis=1, keepdims=True)
+        neg_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=t, axis=1, keepdims=True, negate=True)
         e = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
         s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.exponential(dst=e, src=t, max_value=mx, reduce_res=s)
+        nisa.activation(dst=e, op=nl.exp, data=t, bias=neg_max, reduce_op=nl.add, reduce_res=s,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
         r = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=r, data=s)
         y = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=y, data=e, op0=nl.multiply, operand0=r)
         nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
+    return out
+
+
+@nki.jit
+def softmax_rows_v4(x):
+    """The same with trn3's Vector Engine exponential (running row sum in
+    the Vector Engine's registers, accumulated over two column halves)."""
+    rows, F = x.shape
+    out = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    mx = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=mx, op=nl.maximum, data=t, axis=1, keepdims=True)
+    e = nl.ndarray((rows, F), dtype=nl.float32, buffer=nl.sbuf)
+    s = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    half = F // 2
+    nisa.exponential(dst=e[:, :half], src=t[:, :half], max_value=mx, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.exponential(dst=e[:, half:], src=t[:, half:], max_value=mx, reduce_res=s,
+                     reduce_cmd=nisa.reduce_cmd.reduce)
+    y = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=y, data=e, op0=nl.divide, operand0=s)
+    nl.store(out, y)
     return out
 
 

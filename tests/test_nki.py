@@ -119,6 +119,46 @@ def test_softmax_partial_tile():
     assert_same(K.softmax_rows(x.to("neuron")), torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
 
 
+def test_exponential_is_trn3_only(monkeypatch):
+    x = torch.randn(64, 80)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    assert_same(K.softmax_rows_v4(x.to("neuron")), torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    with pytest.raises(nki.NKIError, match=r"exponential: is available only on NeuronCore-v4 \(trn3\)"):
+        K.softmax_rows_v4(x.to("neuron"))
+
+
+def test_accumulator_registers():
+    """reduce_cmd: reset_reduce stores, reduce folds in, idle keeps; the
+    Scalar and Vector Engines have separate registers."""
+    @nki.jit
+    def k(x):
+        P, F = x.shape
+        out = nl.ndarray((P, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        junk = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        r = nl.ndarray((P, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=junk, op=nl.copy, data=t, reduce_op=nl.add,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)                  # scalar regs = sum(x)
+        nisa.tensor_scalar_reduce(dst=junk, data=t, op0=nl.multiply, operand0=2.0, reduce_op=nl.maximum,
+                                  reduce_res=r[:, 0:1])                          # vector regs = max(2x)
+        nisa.activation(dst=junk, op=nl.square, data=t, reduce_op=nl.add, reduce_res=r[:, 1:2],
+                        reduce_cmd=nisa.reduce_cmd.reduce)                       # sum(x) + sum(x^2)
+        nisa.activation(dst=junk, op=nl.exp, data=t, reduce_op=nl.add, reduce_res=r[:, 2:3],
+                        reduce_cmd=nisa.reduce_cmd.idle)                         # idle + reduce_res: sum(exp)
+        nisa.tensor_scalar_reduce(dst=junk, data=t, op0=nl.add, operand0=0.0, reduce_op=nl.add,
+                                  reduce_res=r[:, 3:4], reduce_res_negate=True)  # -sum(x)
+        nl.store(out, r)
+        return out
+
+    x = torch.randn(32, 16)
+    r = k(x.to("neuron")).cpu()
+    torch.testing.assert_close(r[:, 0], (2 * x).amax(1))
+    torch.testing.assert_close(r[:, 1], x.sum(1) + x.square().sum(1))
+    torch.testing.assert_close(r[:, 2], x.exp().sum(1))
+    torch.testing.assert_close(r[:, 3], -x.sum(1))
+
+
 def test_language_composites():
     @nki.jit
     def composite(x, w):
@@ -143,8 +183,7 @@ def test_nl_matmul_transpose_x_and_iota_affine_select():
         s = nl.copy(p)
         masked = nl.ndarray((64, 96), dtype=nl.float32, buffer=nl.sbuf)
         # keep s[p, i] where p - i >= 0 (lower triangle), else -inf
-        nisa.affine_select(dst=masked, pattern=[[-1, 96]], channel_multiplier=1, on_true_tile=s,
-                           on_false_value=-float("inf"), cmp_op=nl.greater_equal)
+        nisa.affine_select(masked, [[-1, 96]], 0, 1, s, -float("inf"), cmp_op=nl.greater_equal)
         nl.store(out, masked)
         return out
 
@@ -168,7 +207,7 @@ def test_isa_misc_ops():
         idx = nl.ndarray((P, 8), dtype=nl.uint32, buffer=nl.sbuf)
         nisa.nc_find_index8(dst=idx, data=t, vals=top)
         io = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.iota(io, [[1, F]], offset=3, channel_multiplier=F)
+        nisa.iota(io, [[1, F]], 3, channel_multiplier=F)
         nl.store(out[:, 0:2], mv)
         nl.store(out[:, 2:10], top)
         nl.store(out[:, 10:18], nl.copy(idx, dtype=nl.float32))
@@ -498,3 +537,61 @@ def test_psum_accumulate_flag():
     torch.testing.assert_close(r[1], p)
     torch.testing.assert_close(r[2], 2 * p)
     torch.testing.assert_close(r[3], 3 * p)
+
+
+def _isa_kernel(body):
+    @nki.jit
+    def k(x):
+        a = nl.ndarray((128, 4, 8), dtype=nl.float32, buffer=nl.sbuf)
+        b = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        p = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        body(a, b, p)
+    return k
+
+
+@pytest.mark.parametrize("body,match", [
+    (lambda a, b, p: nisa.tensor_reduce(dst=b[:, 0:4], op=nl.add, data=a, axis=1),
+     r"tensor_reduce: operand 'axis': axis 1 must be the last contiguous free dimensions"),
+    (lambda a, b, p: nisa.tensor_reduce(dst=b, op=nl.add, data=a, axis=0),
+     r"tensor_reduce: operand 'axis': axis 0 must name free dimensions"),
+    (lambda a, b, p: nisa.nc_transpose(dst=b[0:8, :], data=p[:, 0:8]),
+     r"nc_transpose: operand 'dst': shape \[8, 8\] is not the transpose"),
+    (lambda a, b, p: nisa.tensor_scalar(dst=b, data=b, op0=nl.add, operand0=1.0, op1=nl.bitwise_and,
+                                        operand1=1),
+     r"tensor_scalar: operand 'op1': op0 \(nl.add\) and op1 \(nl.bitwise_and\) must both be"),
+    (lambda a, b, p: nisa.activation(dst=b, op=nl.exp, data=b, reduce_op=nl.maximum, reduce_res=b[:, 0:1]),
+     r"activation: operand 'reduce_op': nl.maximum is not supported here; reduce_op must be nl.add"),
+    (lambda a, b, p: nisa.activation(dst=b, op=nl.add, data=b),
+     r"activation: operand 'op': expected a unary \(activation\) function, got nl.add"),
+    (lambda a, b, p: nisa.tensor_tensor(dst=b, data1=b, data2=b, op=nl.bitwise_and),
+     r"tensor_tensor: operand 'op': nl.bitwise_and is a bitvector op and needs integer dtypes"),
+    (lambda a, b, p: nisa.tensor_scalar(dst=b, data=b, op0=nl.add, operand0=a[:, 0, 0:2]),
+     r"tensor_scalar: operand 'operand0': a per-partition operand must have shape \[128, 1\]"),
+    (lambda a, b, p: nisa.iota(p[:, 0:8], [[1, 8]], 0),
+     r"iota: operand 'dst': is in psum, but nki.isa.iota accepts sbuf"),
+    (lambda a, b, p: nisa.activation(dst=b, op=nl.exp, data=b, reduce_cmd=3),
+     r"activation: operand 'reduce_cmd': expected an nisa.reduce_cmd value"),
+    (lambda a, b, p: nisa.tensor_copy(dst=b, src=a),
+     r"tensor_copy: operand 'src': shapes differ"),
+])
+def test_isa_operand_rules(body, match):
+    _raises(match, _isa_kernel(body), np.zeros(1, np.float32))
+
+
+def test_nc_transpose_engines():
+    @nki.jit
+    def k(x):
+        P, F = x.shape
+        out = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        pt = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(dst=pt, data=t)                                # Tensor Engine: SBUF -> PSUM
+        small = nl.ndarray((16, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.nc_transpose(dst=small, data=t[0:16, 0:16], engine=nisa.engine.vector)
+        res = nl.copy(pt)
+        nisa.tensor_copy(dst=res[0:16, 0:16], src=small)
+        nl.store(out, res)
+        return out
+
+    x = torch.randn(96, 40)
+    assert_same(k(x.to("neuron")), x.T.contiguous(), atol=0, rtol=0)
