@@ -89,7 +89,9 @@ class Kernel:
             if isinstance(v, torch.Tensor):
                 frameworks.add("torch")
                 dtype = _dtypes.check(v.dtype, name, "nki.jit")
-                specs.append(("tensor", tuple(v.shape), dtype))
+                # int() specialises symbolic sizes (a guard under torch.compile):
+                # the trace unrolls loops over them.
+                specs.append(("tensor", tuple(int(s) for s in v.shape), dtype))
                 tensors.append((name, v))
             elif isinstance(v, np.ndarray):
                 frameworks.add("numpy")
@@ -115,8 +117,9 @@ class Kernel:
                 if isinstance(v, (torch.Tensor, np.ndarray)):
                     dtype = _dtypes.check(v.dtype, name, "nki.jit") if isinstance(v, torch.Tensor) \
                         else _dtypes.from_numpy(v.dtype)
-                    st = tracer.new_storage(_ARG_BUFFER, dtype, tuple(v.shape), name, arg=name)
-                    call[name] = NkiTensor(st, tuple(v.shape), _check=False)
+                    shape = tuple(int(s) for s in v.shape)
+                    st = tracer.new_storage(_ARG_BUFFER, dtype, shape, name, arg=name)
+                    call[name] = NkiTensor(st, shape, _check=False)
                 else:
                     call[name] = v
             result = None

@@ -595,3 +595,17 @@ def test_nc_transpose_engines():
 
     x = torch.randn(96, 40)
     assert_same(k(x.to("neuron")), x.T.contiguous(), atol=0, rtol=0)
+
+
+def test_argument_errors():
+    a = torch.randn(128, 1024, device="neuron")
+    with pytest.raises(nki.NKIError, match="argument 'a' is not contiguous"):
+        K.tensor_add(a[:, ::2], a[:, ::2])
+    with pytest.raises(nki.NKIError, match="either torch tensors or NumPy arrays, not both"):
+        K.tensor_add(a[:, :512].contiguous(), np.zeros((128, 512), np.float32))
+    with pytest.raises(nki.NKIError, match="on different devices"):
+        K.tensor_add(a[:, :512].contiguous(), torch.zeros(128, 512))
+    with pytest.raises(nki.NKIError, match="int64 is not supported"):
+        K.tensor_add(torch.zeros(128, 512, dtype=torch.int64), torch.zeros(128, 512, dtype=torch.int64))
+    with pytest.raises(nki.NKIError, match="missing a required argument"):
+        K.tensor_add(a)
