@@ -272,6 +272,39 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
                   *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)])
 
 
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, **kw):
+    """Vector Engine scan along the flattened free axis of each partition:
+    ``r[i] = op1(op0(data0[i], r[i-1]), data1[i])`` with ``r[-1] =
+    initial`` (a number or a [P, 1] tile), e.g. the recurrence
+    ``h = a * h + b`` of a state-space model (op0=nl.multiply, op1=nl.add)."""
+    instr = _name("tensor_tensor_scan")
+    for nm, t in (("dst", dst), ("data0", data0), ("data1", data1)):
+        _checks.tile(instr, nm, t)
+    _checks.same_numel_per_partition(instr, ("dst", "data0", "data1"), dst, data0, data1)
+    if _checks.kind(data0) == "psum" and _checks.kind(data1) == "psum":
+        fail(instr, "data1", "data0 and data1 cannot both be in PSUM")
+    i0 = _checks.op(instr, "op0", op0, 2)
+    i1 = _checks.op(instr, "op1", op1, 2)
+    for nm, impl in (("op0", i0), ("op1", i1)):
+        if impl.kind == "bitvec":
+            fail(instr, nm, f"nl.{impl.name} is a bitvector op; tensor_tensor_scan takes arithmetic ops")
+    _checks.per_partition_scalar(instr, "initial", initial, data0.shape[0])
+
+    def run(env):
+        p = data0.shape[0]
+        a = env.f32(data0).reshape(p, -1)
+        b = env.f32(data1).reshape(p, -1)
+        prev = env.scalar(initial, 1).reshape(p) if isinstance(initial, NkiTensor) else torch.full((p,), float(initial))
+        out = torch.empty_like(a)
+        # Sequential along the free axis, vectorised over partitions (as the engine runs it).
+        for i in range(a.shape[1]):
+            x = _apply(i0, a[:, i], prev, reverse0)
+            prev = _apply(i1, x, b[:, i], reverse1)
+            out[:, i] = prev
+        env.write(dst, out.reshape(dst.shape))
+    _trace.record(instr, run, dst, data0, data1, *[t for t in (initial,) if isinstance(t, NkiTensor)])
+
+
 def _reduced_shape(shape, axes, keepdims):
     return tuple(1 if i in axes else s for i, s in enumerate(shape)) if keepdims else \
         tuple(s for i, s in enumerate(shape) if i not in axes)
@@ -664,6 +697,6 @@ from ._ops import OPS as _OPS  # noqa: E402
 _OPS_ADD = _OPS["add"]
 
 __all__ = ["engine", "reduce_cmd", "tensor_scalar_reduce", "dma_copy", "tensor_copy", "memset", "dma_transpose", "nc_matmul", "nc_transpose",
-           "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "activation",
+           "tensor_tensor", "tensor_tensor_scan", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "activation",
            "activation_reduce", "exponential", "reciprocal", "bn_stats", "bn_aggr", "tensor_partition_reduce",
            "iota", "affine_select", "select_reduce", "max8", "nc_find_index8", "dropout"]

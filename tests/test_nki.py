@@ -609,3 +609,23 @@ def test_argument_errors():
         K.tensor_add(torch.zeros(128, 512, dtype=torch.int64), torch.zeros(128, 512, dtype=torch.int64))
     with pytest.raises(nki.NKIError, match="missing a required argument"):
         K.tensor_add(a)
+
+
+def test_tensor_tensor_scan_linear_recurrence():
+    """h[t] = a[t] * h[t-1] + b[t] per partition (a selective-scan step)."""
+    @nki.jit
+    def scan(a, b, h0):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        h = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor_scan(dst=h, data0=nl.load(a), data1=nl.load(b), initial=nl.load(h0),
+                                op0=nl.multiply, op1=nl.add)
+        nl.store(out, h)
+        return out
+
+    a, b, h0 = torch.rand(64, 50), torch.randn(64, 50), torch.randn(64, 1)
+    ref = torch.empty(64, 50)
+    h = h0[:, 0]
+    for t in range(50):
+        h = a[:, t] * h + b[:, t]
+        ref[:, t] = h
+    assert_same(scan(a.to("neuron"), b.to("neuron"), h0.to("neuron")), ref, atol=1e-5, rtol=1e-5)
