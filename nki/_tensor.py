@@ -231,7 +231,8 @@ class NkiTensor:
         strides = list(self.strides)
         strides[dim] = 0
         if self.on_chip and dim == 0 and size > 1:
-            fail("NkiTensor.broadcast", None, "an on-chip view cannot broadcast across partitions")
+            fail("NkiTensor.broadcast", None, "an on-chip view cannot broadcast across partitions (broadcast the "
+                                              "HBM tensor and DMA it, or copy with nl.broadcast_to)")
         return NkiTensor(self.storage, shape, strides, self.offset, _op="broadcast")
 
     def broadcast_to(self, shape):

@@ -121,10 +121,24 @@ def _promote(ts, dtype):
     return d
 
 
-def _value(env, x, impl=None):
+def _value(env, x, impl=None, ndim=None):
     if isinstance(x, NkiTensor):
-        return env.ints(x) if impl is not None and impl.kind == "bitvec" else env.f32(x)
+        v = env.ints(x) if impl is not None and impl.kind == "bitvec" else env.f32(x)
+        if ndim is not None and v.ndim < ndim:
+            v = v.reshape(tuple(v.shape) + (1,) * (ndim - v.ndim))
+        return v
     return x
+
+
+def _broadcast_shape(instr, ts):
+    """Tiles broadcast from the partition axis: a [P] tile (a reduction's
+    result) meets a [P, F] tile as [P, 1], not as numpy's trailing-aligned
+    [1, P]."""
+    nd = builtins.max(t.ndim for t in ts)
+    try:
+        return tuple(torch.broadcast_shapes(*[tuple(t.shape) + (1,) * (nd - t.ndim) for t in ts]))
+    except RuntimeError:
+        fail(instr, "x1", f"shapes {[list(t.shape) for t in ts]} do not broadcast")
 
 
 def _elementwise(impl, args, dtype):
@@ -138,14 +152,11 @@ def _elementwise(impl, args, dtype):
         elif not isinstance(a, (int, float, bool)):
             fail(instr, f"x{i}", f"expected a tile or a number, got {type(a).__name__}")
     _checks.bitvec(instr, impl, *ts)
-    try:
-        shape = torch.broadcast_shapes(*[t.shape for t in ts])
-    except RuntimeError:
-        fail(instr, "x1", f"shapes {[list(t.shape) for t in ts]} do not broadcast")
+    shape = _broadcast_shape(instr, ts)
     out = _result(shape, _promote(ts, dtype))
 
     def run(env):
-        env.write(out, impl.compute(*[_value(env, a, impl) for a in args]).expand(shape))
+        env.write(out, impl.compute(*[_value(env, a, impl, len(shape)) for a in args]).expand(shape))
     _trace.record(instr, run, out, *ts)
     return out
 
@@ -326,13 +337,13 @@ def where(condition, x, y, dtype=None, **kw):
     ts = _tensors(condition, x, y)
     for t in ts:
         _checks.tile(instr, "operand", t)
-    shape = torch.broadcast_shapes(*[t.shape for t in ts])
+    shape = _broadcast_shape(instr, ts)
     out = _result(shape, dtype or _promote(_tensors(x, y) or ts, None))
 
     def run(env):
-        c = _value(env, condition)
+        c = _value(env, condition, ndim=len(shape))
         c = c != 0 if isinstance(c, torch.Tensor) else torch.tensor(bool(c))
-        a, b = _value(env, x), _value(env, y)
+        a, b = _value(env, x, ndim=len(shape)), _value(env, y, ndim=len(shape))
         env.write(out, torch.where(c, torch.as_tensor(a), torch.as_tensor(b)).expand(shape))
     _trace.record(instr, run, out, *ts)
     return out

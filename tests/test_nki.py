@@ -629,3 +629,47 @@ def test_tensor_tensor_scan_linear_recurrence():
         h = a[:, t] * h + b[:, t]
         ref[:, t] = h
     assert_same(scan(a.to("neuron"), b.to("neuron"), h0.to("neuron")), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_layernorm_language_and_bn_stats():
+    """LayerNorm two ways in the current API: nl.* arithmetic (a [P] mean
+    broadcasts along the free axis, from the partition axis) and
+    bn_stats/bn_aggr over 512-column chunks with tensor_scalar."""
+    @nki.jit
+    def layernorm(x, eps, gamma, beta):
+        rows, H = x.shape
+        P = nl.tile_size.pmax
+        out1 = nl.ndarray((rows, H), dtype=x.dtype, buffer=nl.shared_hbm)
+        out2 = nl.ndarray((rows, H), dtype=x.dtype, buffer=nl.shared_hbm)
+        # partition broadcast happens in the DMA, from a stride-0 HBM view
+        g = nl.load(gamma.reshape((1, H)).broadcast_to((P, H)))
+        b = nl.load(beta.reshape((1, H)).broadcast_to((P, H)))
+        for i in nl.affine_range((rows + P - 1) // P):
+            p = min(P, rows - i * P)
+            t = nl.load(x[i * P:i * P + p])
+            mean = nl.mean(t, axis=1)                       # shape [p]
+            var = nl.mean(nl.square(t), axis=1) - mean * mean
+            y1 = (t - mean) * nl.rsqrt(var + eps) * g[:p] + b[:p]
+            nl.store(out1[i * P:i * P + p], y1)
+            chunks = (H + nl.tile_size.bn_stats_fmax - 1) // nl.tile_size.bn_stats_fmax
+            stats = nl.ndarray((p, 6 * chunks), dtype=nl.float32, buffer=nl.sbuf)
+            for j in nl.affine_range(chunks):
+                lo = j * nl.tile_size.bn_stats_fmax
+                hi = min(H, lo + nl.tile_size.bn_stats_fmax)
+                nisa.bn_stats(dst=stats[:, j * 6:(j + 1) * 6], data=t[:, lo:hi])
+            mv = nl.ndarray((p, 2), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.bn_aggr(dst=mv, data=stats)
+            rstd = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=rstd, data=mv[:, 1:2], op0=nl.add, operand0=eps, op1=nl.power,
+                               operand1=-0.5)
+            y2 = nl.ndarray((p, H), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=y2, data=t, op0=nl.subtract, operand0=mv[:, 0:1], op1=nl.multiply,
+                               operand1=rstd)
+            nl.store(out2[i * P:i * P + p], y2 * g[:p] + b[:p])
+        return out1, out2
+
+    x, gamma, beta = torch.randn(200, 1100), torch.randn(1100), torch.randn(1100)
+    ref = torch.nn.functional.layer_norm(x, (1100,), gamma, beta, eps=1e-5)
+    o1, o2 = layernorm(x.to("neuron"), 1e-5, gamma.to("neuron"), beta.to("neuron"))
+    assert_same(o1, ref, atol=1e-4, rtol=1e-4)
+    assert_same(o2, ref, atol=1e-4, rtol=1e-4)
