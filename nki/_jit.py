@@ -29,6 +29,9 @@ def _precise():
 
 
 def _constant_key(name, v):
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        raise NKIError(f"nki.jit: argument '{name}' nests a tensor in a tuple or dict; pass tensors as "
+                       f"separate arguments")
     if isinstance(v, list):
         raise NKIError(f"nki.jit: argument '{name}' is a list; pass a tuple (kernel arguments are constants "
                        f"hashed into the specialisation)")
@@ -113,7 +116,7 @@ class Kernel:
         tracer = _trace.Tracer(_target.current(), self.grid)
         with _trace.tracing(tracer):
             call = {}
-            for i, (name, v) in enumerate(bound.arguments.items()):
+            for name, v in bound.arguments.items():
                 if isinstance(v, (torch.Tensor, np.ndarray)):
                     dtype = _dtypes.check(v.dtype, name, "nki.jit") if isinstance(v, torch.Tensor) \
                         else _dtypes.from_numpy(v.dtype)
@@ -122,11 +125,12 @@ class Kernel:
                     call[name] = NkiTensor(st, shape, _check=False)
                 else:
                     call[name] = v
+            call = inspect.BoundArguments(self._sig, call)
             result = None
             instances = list(itertools.product(*[range(g) for g in self.grid])) or [()]
             for n, pid in enumerate(instances):
                 tracer.instance, tracer.shared_cursor, tracer.program_id = n, 0, pid
-                r = self.fn(**call)
+                r = self.fn(*call.args, **call.kwargs)
                 if n == 0:
                     result = r
         _trace.check_returned(result)

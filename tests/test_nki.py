@@ -673,3 +673,17 @@ def test_layernorm_language_and_bn_stats():
     o1, o2 = layernorm(x.to("neuron"), 1e-5, gamma.to("neuron"), beta.to("neuron"))
     assert_same(o1, ref, atol=1e-4, rtol=1e-4)
     assert_same(o2, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_positional_only_and_default_arguments():
+    @nki.jit
+    def k(x, /, scale=2.0, *, shift=1.0):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x) * scale + shift)
+        return out
+
+    x = torch.randn(8, 8)
+    assert_same(k(x.to("neuron")), x * 2 + 1)
+    assert_same(k(x.to("neuron"), 3.0, shift=0.5), x * 3 + 0.5)
+    with pytest.raises(nki.NKIError, match="nests a tensor"):
+        k(x, (x,))
