@@ -77,6 +77,9 @@ def test_matmul_basic(dtype, tol):
     out = K.matmul_basic(lhsT.to("neuron"), rhs.to("neuron"))
     ref = (lhsT.float().T @ rhs.float()).to(dtype)
     assert_same(out, ref, **tol)
+    if dtype == torch.float32:
+        a, b = lhsT.numpy(), rhs.numpy()
+        np.testing.assert_allclose(K.matmul_basic(a, b), a.T @ b, atol=1e-4, rtol=1e-4)
 
 
 def test_matmul_tiled_k_accumulates():
