@@ -132,6 +132,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     accumulating into PSUM: with ``accumulate=None`` the first write to a PSUM
     location overwrites and later ones add."""
     instr = _name("nc_matmul")
+    if is_transpose:
+        fail(instr, "is_transpose", "PE transposes through nc_matmul are not modelled; use nisa.nc_transpose")
     _checks.tile(instr, "stationary", stationary, _checks.SBUF)
     _checks.tile(instr, "moving", moving, _checks.SBUF)
     _checks.tile(instr, "dst", dst, _checks.PSUM)
