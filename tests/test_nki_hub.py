@@ -82,3 +82,21 @@ def test_metadata_contract():
     meta = json.loads((REPO / "build" / "torch-neuron" / "metadata.json").read_text())
     assert meta["backend"]["type"] == "neuron" and "nki" in meta["python-depends"]
     assert os.path.isfile(REPO / "build" / "torch-neuron" / "layers" / "__init__.py")
+
+
+def test_get_kernel_by_repo_id_offline():
+    """get_kernel("org/name", version=1) resolves to the local checkout
+    through LOCAL_KERNELS, without network (fresh process: the variable is
+    read by the loader)."""
+    from conftest import run_json
+    r = run_json(f"""
+        import json, torch, torch_neuronx
+        from kernels import get_kernel
+        k = get_kernel("torch-neuronx/rmsnorm-nki", version=1)
+        x, w = torch.randn(4, 32), torch.randn(32)
+        y = k.rms_norm(x.to("neuron"), w.to("neuron"), 1e-6).cpu()
+        ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        print(json.dumps({{"name": k.__name__, "err": (y - ref).abs().max().item()}}))
+    """, env={"LOCAL_KERNELS": f"torch-neuronx/rmsnorm-nki={REPO}", "HF_HUB_OFFLINE": "1",
+              "PYTHONPATH": str(REPO.parent.parent.parent)})
+    assert r["name"] == "_rmsnorm_nki_neuron_7c31e5a" and r["err"] < 1e-5
