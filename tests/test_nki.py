@@ -690,3 +690,22 @@ def test_positional_only_and_default_arguments():
     assert_same(k(x.to("neuron"), 3.0, shift=0.5), x * 3 + 0.5)
     with pytest.raises(nki.NKIError, match="nests a tensor"):
         k(x, (x,))
+
+
+def test_spmd_ids():
+    @nki.jit
+    def ids(x):
+        out = nl.ndarray((4, 3, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        i, j = nl.program_id(0), nl.program_id(1)
+        t = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(t[:, 0:1], float(i))
+        nisa.memset(t[:, 1:2], float(j))
+        nisa.memset(t[:, 2:3], float(nl.num_programs()))
+        nisa.memset(t[:, 3:4], float(nl.num_programs(1) * 10 + nl.program_ndim()))
+        nisa.dma_copy(dst=out[i, j:j + 1, :], src=t)
+        return out
+
+    r = ids[4, 3](np.zeros(1, np.float32))
+    for i in range(4):
+        for j in range(3):
+            assert list(r[i, j]) == [i, j, 12, 32]
