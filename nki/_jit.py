@@ -140,11 +140,22 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if _trace.active() is not None:  # a kernel calling a kernel: inline it
             return self.fn(*args, **kwargs)
-        bound = self._bind(args, kwargs)
-        program, tensors, framework = self._specialise(bound)
-        if framework == "torch":
-            return _run_torch(program, tensors)
-        return _run_numpy(program, tensors)
+        return _launch(self, args, kwargs)
+
+
+def _launch_impl(kernel, args, kwargs):
+    bound = kernel._bind(args, kwargs)
+    program, tensors, framework = kernel._specialise(bound)
+    if framework == "torch":
+        return _run_torch(program, tensors)
+    return _run_numpy(program, tensors)
+
+
+# Dynamo cannot trace the interpreter: a raw kernel call in a compiled region
+# is a graph break (an error under fullgraph=True) that names the fix.
+_launch = torch.compiler.disable(
+    _launch_impl, reason="an NKI kernel call runs eagerly; register it with torch_neuronx.nki_op to keep it in "
+                         "a torch.compile graph (fullgraph=True)")
 
 
 def _rebuild(result, outs):

@@ -153,3 +153,20 @@ def test_compile_dynamic_shapes_specialise():
     for rows in (32, 64, 96):
         x = torch.randn(rows, 8)
         assert_same(f(x.to("neuron")), x * 2 + 1)
+
+
+def test_raw_kernel_in_compiled_region():
+    """Without nki_op a kernel call is a graph break (the rest still
+    compiles); fullgraph=True says to use nki_op."""
+    import pytest
+    a = torch.randn(64, 16)
+
+    def f(x):
+        return square_kernel(x * 1) + 1
+
+    def g(x):  # a separate code object: Dynamo caches per frame
+        return square_kernel(x * 1) + 1
+
+    assert_same(torch.compile(f, backend="neuron")(a.to("neuron")), a * a + 1)
+    with pytest.raises(Exception, match="register it with torch_neuronx.nki_op"):
+        torch.compile(g, backend="neuron", fullgraph=True)(a.to("neuron"))
