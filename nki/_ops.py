@@ -1,8 +1,6 @@
 """The elementwise function table: each ``nl.<op>`` is an ``ElementwiseOp``
 that builds a tile when called in a kernel and names an ALU/activation
 function when passed as ``op=`` to an nki.isa instruction."""
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -104,9 +102,3 @@ def reduce(impl, x, axes, keepdims):
         return r
     raise ValueError(f"nl.{impl.name} cannot reduce")
 
-
-def can_reduce(impl):
-    return impl.reduce is not None
-
-
-math_prod = math.prod

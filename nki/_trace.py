@@ -4,9 +4,8 @@ checked then and recorded into a tile-level Program. Python loops unroll and
 branches resolve during the trace, as in the NKI compiler."""
 import threading
 
-from . import _dtypes
 from ._errors import NKIError, fail, user_location
-from ._tensor import NkiTensor, Storage, psum, shared_hbm
+from ._tensor import NkiTensor, Storage, shared_hbm
 
 _state = threading.local()
 
@@ -135,5 +134,3 @@ def check_returned(result):
             raise NKIError(f"nki.jit: kernels return shared_hbm tensors (or tuples of them), not {type(r).__name__}")
     walk(result)
 
-
-__all__ = ["Tracer", "Program", "record", "current", "active", "tracing", "check_returned", "psum", "_dtypes"]

@@ -435,37 +435,33 @@ def while_loop(cond_fun, body_fun, init_val, max_iterations=1 << 20, **kw):
             c = cond_fun(val)
         return val
     tr = _trace.current("nki.language.while_loop")
-    # ``c`` was recorded in the parent program: move the condition's
-    # instructions into the loop, then trace the body once.
-    cond_start = _trace_marker(tr)
+    # ``c`` was recorded in the parent program (the first test); trace the
+    # body and the re-test once, into the loop's own instruction list.
     outer = tr.instrs
     tr.instrs = []
-    body_val = body_fun(init_val)
-    c2 = cond_fun(body_val)
-    loop = tr.instrs
-    tr.instrs = outer
+    try:
+        body_val = body_fun(init_val)
+        again = cond_fun(body_val)
+    finally:
+        loop, tr.instrs = tr.instrs, outer
     if body_val is not init_val and not _same_structure(body_val, init_val):
-        raise NKIError("nki.language.while_loop: body_fun must write its state in place and return it")
+        raise NKIError("nki.language.while_loop: body_fun must update its state in place and return it")
+    if not isinstance(again, NkiTensor):
+        raise NKIError("nki.language.while_loop: cond_fun returned a tile once and a Python value after the body")
     from ._exec import run_subprogram
-    cond_t, cond2 = c, c2
 
     def run(env):
         n = 0
-        flag = cond_t
+        flag = c
         while env.f32(flag).reshape(-1)[0].item() != 0:
             n += 1
             if n > max_iterations:
                 raise NKIError(f"nki.language.while_loop: more than {max_iterations} iterations")
             run_subprogram(env, loop)
-            flag = cond2
+            flag = again
     touched = [t for ins in loop for t in ins.tensors]
-    _trace.record("nki.language.while_loop", run, cond_t, cond2, *touched)
-    del cond_start
+    _trace.record("nki.language.while_loop", run, c, again, *touched)
     return body_val
-
-
-def _trace_marker(tr):
-    return len(tr.instrs)
 
 
 def _same_structure(a, b):
