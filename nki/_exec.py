@@ -29,7 +29,8 @@ class Env:
     def flat(self, st):
         t = self.bufs.get(st.id)
         if t is None:
-            dtype = st.dtype
+            # A dtype view shares its storage: allocate in the storage's own dtype.
+            dtype = getattr(st, "reinterpret_of", st).dtype
             if not self.precise and st.buffer.on_chip and dtype.is_floating_point and dtype != torch.float32:
                 # NKI_PRECISE_FP=0: on-chip tiles keep fp32 values (no rounding).
                 dtype = torch.float32

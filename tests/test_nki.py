@@ -709,3 +709,39 @@ def test_spmd_ids():
     for i in range(4):
         for j in range(3):
             assert list(r[i, j]) == [i, j, 12, 32]
+
+
+def test_dtype_view_reinterprets_bits():
+    @nki.jit
+    def bits(x):
+        out = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        as_int = t.view(nl.int32)
+        nisa.memset(as_int, 0)           # first touch through the int32 view
+        nisa.dma_copy(dst=t, src=x)
+        nisa.dma_copy(dst=out, src=as_int)
+        return out
+
+    x = torch.randn(16, 32)
+    assert_same(bits(x.to("neuron")), x.view(torch.int32))
+
+
+def test_precise_fp_off_keeps_fp32_on_chip(monkeypatch):
+    """NKI_PRECISE_FP=0: a bf16 SBUF tile holds fp32 values, so only the
+    final store to HBM rounds (once instead of twice)."""
+    @nki.jit
+    def twice(x):
+        out = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=t, data=nl.load(x), op0=nl.multiply, operand0=1.0 / 3.0)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+        nl.store(out, t)
+        return out
+
+    x = torch.randn(64, 64)
+    rounded_twice = ((x * (1.0 / 3.0)).to(torch.bfloat16).float() * 3.0).to(torch.bfloat16)
+    rounded_once = (x * (1.0 / 3.0) * 3.0).to(torch.bfloat16)
+    assert not torch.equal(rounded_twice, rounded_once)
+    assert_same(twice(x.to("neuron")), rounded_twice, atol=0, rtol=0)
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    assert_same(twice(x.to("neuron")), rounded_once, atol=0, rtol=0)
