@@ -1,6 +1,7 @@
 """nki.isa (``nisa``): one function per NeuronCore instruction. The
 destination comes first and is written in place; every operand is checked
 against the engine's rules while tracing."""
+import enum
 import math
 
 import torch
@@ -41,6 +42,18 @@ class reduce_cmd:
     reduce = _Enum("reduce_cmd", "reduce")
     reset_reduce = _Enum("reduce_cmd", "reset_reduce")
     load_reduce = _Enum("reduce_cmd", "load_reduce")
+
+
+class nc_version(enum.IntEnum):
+    """NeuronCore generations (comparable: ``>= nc_version.gen4``)."""
+    gen2 = 2  # trn1
+    gen3 = 3  # trn2
+    gen4 = 4  # trn3
+
+
+def get_nc_version():
+    """The target's NeuronCore generation (NEURON_PLATFORM_TARGET_OVERRIDE)."""
+    return {"trn1": nc_version.gen2, "trn2": nc_version.gen3, "trn3": nc_version.gen4}[_target.current()]
 
 
 def _engine(instr, e):
@@ -698,7 +711,7 @@ from ._ops import OPS as _OPS  # noqa: E402
 
 _OPS_ADD = _OPS["add"]
 
-__all__ = ["engine", "reduce_cmd", "tensor_scalar_reduce", "dma_copy", "tensor_copy", "memset", "dma_transpose", "nc_matmul", "nc_transpose",
+__all__ = ["engine", "reduce_cmd", "nc_version", "get_nc_version", "tensor_scalar_reduce", "dma_copy", "tensor_copy", "memset", "dma_transpose", "nc_matmul", "nc_transpose",
            "tensor_tensor", "tensor_tensor_scan", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "activation",
            "activation_reduce", "exponential", "reciprocal", "bn_stats", "bn_aggr", "tensor_partition_reduce",
            "iota", "affine_select", "select_reduce", "max8", "nc_find_index8", "dropout"]

@@ -124,7 +124,9 @@ def test_softmax_partial_tile():
 
 def test_exponential_is_trn3_only(monkeypatch):
     x = torch.randn(64, 80)
+    assert nisa.get_nc_version() == nisa.nc_version.gen3  # trn2, the default target
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    assert nisa.get_nc_version() >= nisa.nc_version.gen4
     assert_same(K.softmax_rows_v4(x.to("neuron")), torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     with pytest.raises(nki.NKIError, match=r"exponential: is available only on NeuronCore-v4 \(trn3\)"):
