@@ -17,9 +17,10 @@ import sys
 import torch  # autoloads the installed torch-neuronx
 import torch_neuronx
 import torch_neuronx.neuron
+import nki
 
 venv = sys.argv[1]
-for mod in (torch_neuronx, torch_neuronx.neuron, torch_neuronx._C):
+for mod in (torch_neuronx, torch_neuronx.neuron, torch_neuronx._C, nki):
     assert mod.__file__.startswith(venv), f"imported {mod.__file__}, not the wheel in {venv}"
 assert torch.neuron is torch_neuronx.neuron
 x = torch.arange(6, dtype=torch.float32)

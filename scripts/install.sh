@@ -17,6 +17,11 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
 fi
 
 PIP="python3 -m pip --disable-pip-version-check -q"
+# PyPI's "nki" is a placeholder that raises on import; it would shadow our nki package.
+if python3 -m pip show nki >/dev/null 2>&1; then
+  echo "error: the PyPI placeholder package 'nki' is installed; remove it: python3 -m pip uninstall nki" >&2
+  exit 1
+fi
 # torch first and pinned, so no resolver ever swaps in another build.
 $PIP install "torch==2.13.0"
 $PIP install -r requirements.txt

@@ -9,5 +9,5 @@ ctest --test-dir build/cmake --output-on-failure
 bash scripts/check_wheel.sh
 # Protect mode: device memory only through the runtime API (docs/runtime.md).
 NEURON_RT_PROTECT=1 python3 -m pytest -q -p no:cacheprovider tests/test_protect.py tests/test_device.py \
-  tests/test_errors.py tests/test_memory.py tests/test_autograd.py tests/test_compile.py tests/test_opinfo.py
+  tests/test_errors.py tests/test_memory.py tests/test_autograd.py tests/test_compile.py tests/test_opinfo.py tests/test_nki.py
 python3 -m pytest -q -p no:cacheprovider tests "$@"

@@ -65,6 +65,17 @@ import atexit  # noqa: E402
 atexit.register(_C._drain_autograd_device_threads)
 
 
+def __getattr__(name):
+    # NKI (nki_op, wrap_nki, nki) loads on first use: `import torch` stays light.
+    if name in ("nki_op", "wrap_nki"):
+        from . import _nki
+        return getattr(_nki, name)
+    if name == "nki":
+        import nki
+        return nki
+    raise AttributeError(f"module 'torch_neuronx' has no attribute '{name}'")
+
+
 def fallback_report() -> dict:
     """Ops that ran through the host fallback since the last reset: ``{op: calls}``."""
     return dict(_C._fallback_counts())

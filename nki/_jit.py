@@ -1,0 +1,264 @@
+"""``nki.jit``: specialise, trace once, cache, execute.
+
+The framework comes from the argument types: torch tensors (on ``neuron``,
+or CPU — the CPU kernel of an nki_op), NumPy arrays, or FakeTensors (shape
+inference under torch.compile: the kernel is traced, not executed)."""
+import functools
+import inspect
+import itertools
+import os
+
+import numpy as np
+import torch
+
+from . import _dtypes, _target, _trace
+from ._errors import NKIError
+from ._exec import execute
+from ._tensor import NkiTensor, shared_hbm
+
+_ARG_BUFFER = shared_hbm  # kernel arguments live in (shared) HBM
+
+
+def _is_fake(t):
+    from torch._subclasses.fake_tensor import is_fake
+    return t.device.type == "meta" or is_fake(t)
+
+
+def _precise():
+    return os.environ.get("NKI_PRECISE_FP", "1") != "0"
+
+
+def _constant_key(name, v):
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        raise NKIError(f"nki.jit: argument '{name}' nests a tensor in a tuple or dict; pass tensors as "
+                       f"separate arguments")
+    if isinstance(v, list):
+        raise NKIError(f"nki.jit: argument '{name}' is a list; pass a tuple (kernel arguments are constants "
+                       f"hashed into the specialisation)")
+    if isinstance(v, dict):
+        if any(not isinstance(k, str) for k in v):
+            raise NKIError(f"nki.jit: argument '{name}' has non-string dictionary keys")
+        return ("dict", tuple(sorted((k, _constant_key(name, x)) for k, x in v.items())))
+    if isinstance(v, tuple):
+        return ("tuple", tuple(_constant_key(name, x) for x in v))
+    try:
+        hash(v)
+    except TypeError:
+        raise NKIError(f"nki.jit: argument '{name}' of type {type(v).__name__} is neither a tensor nor a "
+                       f"hashable constant") from None
+    return (type(v).__name__, v)
+
+
+class Kernel:
+    """A jitted kernel; ``kernel[grid](...)`` launches an SPMD grid."""
+
+    def __init__(self, fn, grid=(), options=None, cache=None):
+        self.fn = fn
+        self.grid = grid
+        self.options = options or {}
+        self._cache = {} if cache is None else cache
+        self._sig = inspect.signature(fn)
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid):
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        try:
+            grid = tuple(int(g) for g in grid)
+        except TypeError:
+            raise NKIError(f"nki.jit: the launch grid must be integers, got {grid!r}") from None
+        if any(g < 1 for g in grid):
+            raise NKIError(f"nki.jit: launch grid {grid} has an empty axis")
+        return Kernel(self.fn, grid, self.options, self._cache)
+
+    def __repr__(self):
+        return f"<nki.jit kernel {self.fn.__qualname__} grid={list(self.grid)}>"
+
+    # -- specialisation --------------------------------------------------------
+    def _bind(self, args, kwargs):
+        try:
+            bound = self._sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise NKIError(f"nki.jit: {self.fn.__qualname__}: {e}") from None
+        bound.apply_defaults()
+        return bound
+
+    def trace(self, args, kwargs=None):
+        """The Program for these arguments (traced once per specialisation)."""
+        return self._specialise(self._bind(args, kwargs or {}))[0]
+
+    def _specialise(self, bound):
+        specs, tensors, frameworks = [], [], set()
+        for name, v in bound.arguments.items():
+            if isinstance(v, torch.Tensor):
+                frameworks.add("torch")
+                dtype = _dtypes.check(v.dtype, name, "nki.jit")
+                # int() specialises symbolic sizes (a guard under torch.compile):
+                # the trace unrolls loops over them.
+                specs.append(("tensor", tuple(int(s) for s in v.shape), dtype))
+                tensors.append((name, v))
+            elif isinstance(v, np.ndarray):
+                frameworks.add("numpy")
+                dtype = _dtypes.from_numpy(v.dtype)
+                specs.append(("tensor", tuple(v.shape), dtype))
+                tensors.append((name, v))
+            else:
+                specs.append(_constant_key(name, v))
+        if len(frameworks) > 1:
+            raise NKIError("nki.jit: a kernel takes either torch tensors or NumPy arrays, not both")
+        key = (tuple(specs), self.grid, _target.current())
+        program = self._cache.get(key)
+        if program is None:
+            program = self._trace(bound)
+            self._cache[key] = program
+        return program, tensors, (frameworks.pop() if frameworks else "numpy")
+
+    def _trace(self, bound):
+        tracer = _trace.Tracer(_target.current(), self.grid)
+        with _trace.tracing(tracer):
+            call = {}
+            for name, v in bound.arguments.items():
+                if isinstance(v, (torch.Tensor, np.ndarray)):
+                    dtype = _dtypes.check(v.dtype, name, "nki.jit") if isinstance(v, torch.Tensor) \
+                        else _dtypes.from_numpy(v.dtype)
+                    shape = tuple(int(s) for s in v.shape)
+                    st = tracer.new_storage(_ARG_BUFFER, dtype, shape, name, arg=name)
+                    call[name] = NkiTensor(st, shape, _check=False)
+                else:
+                    call[name] = v
+            call = inspect.BoundArguments(self._sig, call)
+            result = None
+            instances = list(itertools.product(*[range(g) for g in self.grid])) or [()]
+            for n, pid in enumerate(instances):
+                tracer.instance, tracer.shared_cursor, tracer.program_id = n, 0, pid
+                r = self.fn(*call.args, **call.kwargs)
+                if n == 0:
+                    result = r
+        _trace.check_returned(result)
+        return _trace.Program(tracer.storages, tracer.instrs, result, tracer.target)
+
+    # -- launch ---------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if _trace.active() is not None:  # a kernel calling a kernel: inline it
+            return self.fn(*args, **kwargs)
+        return _launch(self, args, kwargs)
+
+
+def _launch_impl(kernel, args, kwargs):
+    bound = kernel._bind(args, kwargs)
+    program, tensors, framework = kernel._specialise(bound)
+    if framework == "torch":
+        return _run_torch(program, tensors)
+    return _run_numpy(program, tensors)
+
+
+# Dynamo cannot trace the interpreter: a raw kernel call in a compiled region
+# is a graph break (an error under fullgraph=True) that names the fix.
+_launch = torch.compiler.disable(
+    _launch_impl, reason="an NKI kernel call runs eagerly; register it with torch_neuronx.nki_op to keep it in "
+                         "a torch.compile graph (fullgraph=True)")
+
+
+def _rebuild(result, outs):
+    if isinstance(result, NkiTensor):
+        return outs[result.storage.id]
+    if isinstance(result, (tuple, list)):
+        return type(result)(_rebuild(r, outs) for r in result)
+    return None
+
+
+def _contiguous(name, t):
+    if not (t.is_contiguous() if isinstance(t, torch.Tensor) else t.flags.c_contiguous):
+        raise NKIError(f"nki.jit: argument '{name}' is not contiguous; kernels address HBM row-major "
+                       f"(pass .contiguous() and use its result)")
+
+
+def _run_torch(program, tensors):
+    devices = {t.device for _n, t in tensors}
+    if len(devices) > 1:
+        raise NKIError(f"nki.jit: tensor arguments are on different devices: {sorted(map(str, devices))}")
+    device = devices.pop() if devices else torch.device("cpu")
+    fake = any(_is_fake(t) for _n, t in tensors)
+    outs = {st.id: torch.empty(st.shape, dtype=st.dtype, device=device) for st in _output_storages(program)}
+    result = _rebuild(program.result, outs)
+    if fake:  # shape inference: the trace gave shapes and dtypes
+        return result
+    for name, t in tensors:
+        _contiguous(name, t)
+    if device.type == "cpu":
+        _execute(program, _bind_storages(program, {n: t for n, t in tensors}, outs), outs)
+        return result
+    if device.type != "neuron":
+        raise NKIError(f"nki.jit: torch tensors must be on 'neuron' (or 'cpu'), got '{device.type}'")
+    from torch_neuronx import _C
+    index = device.index if device.index is not None else torch.neuron.current_device()
+    host = {n: _C._host_alias(t) for n, t in tensors}
+    host_outs = {sid: _C._host_alias(t) for sid, t in outs.items()}
+    bound = _bind_storages(program, host, host_outs)
+
+    def kernel():
+        _execute(program, bound, host_outs)
+    _C._launch(index, kernel)
+    return result
+
+
+def _run_numpy(program, arrays):
+    for name, a in arrays:
+        _contiguous(name, a)
+    args = {}
+    for name, a in arrays:
+        if not a.flags.writeable:
+            a = a.copy()  # its writes could not be seen by the caller anyway
+        args[name] = torch.from_numpy(a) if a.ndim else torch.from_numpy(a.reshape(1)).reshape(())
+    outs = {st.id: torch.empty(st.shape, dtype=st.dtype) for st in _output_storages(program)}
+    for st in _output_storages(program):
+        _dtypes.to_numpy(st.dtype)
+    _execute(program, _bind_storages(program, args, outs), outs)
+    return _rebuild(program.result, {sid: t.numpy() for sid, t in outs.items()})
+
+
+def _output_storages(program):
+    seen = {}
+    for t in program.outputs():
+        seen[t.storage.id] = t.storage
+    return list(seen.values())
+
+
+def _bind_storages(program, args, outs):
+    bound = {}
+    for st in program.storages.values():
+        if st.arg is not None:
+            bound[st.id] = args[st.arg].reshape(-1)
+    for sid, t in outs.items():
+        bound[sid] = t.reshape(-1)
+    return bound
+
+
+def _execute(program, bound, outs):
+    # Fresh outputs hold the NaN sentinel, as every new buffer does. Filled
+    # here, inside the launch: it is device work like the kernel itself.
+    # No autograd: kernels write into their arguments in place (autograd
+    # for a kernel comes from nki_op(...).register_autograd).
+    with torch.no_grad():
+        for sid in outs:
+            bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
+        execute(program, bound, _precise())
+
+
+def jit(fn=None, mode=None, platform_target=None, **options):
+    """Marks a kernel. ``mode`` is ignored (the framework comes from the
+    arguments); the target comes from NEURON_PLATFORM_TARGET_OVERRIDE."""
+    if platform_target is not None:
+        raise NKIError("nki.jit: platform_target= was removed in NKI 0.3; set NEURON_PLATFORM_TARGET_OVERRIDE "
+                       "(trn1, trn2 or trn3) instead")
+    if fn is None:
+        return lambda f: jit(f, mode=mode, **options)
+    if isinstance(fn, Kernel):
+        return fn
+    return Kernel(fn, options=options)
+
+
+def simulate(kernel):
+    """Runs ``kernel`` on the CPU simulator (ours is the same interpreter that
+    backs the ``neuron`` device): NumPy arrays in, NumPy arrays out; torch
+    tensors in, torch tensors out."""
+    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)

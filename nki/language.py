@@ -1,0 +1,491 @@
+"""nki.language (``nl``): tensors and buffers, tile-level operators that
+allocate their result in SBUF, loops, SPMD ids and tile limits.
+
+Every operator is recorded into the kernel's program while tracing and runs
+as a whole-tile torch operation (fp32 compute, rounded on store)."""
+import builtins
+import math
+
+import torch
+
+from . import _checks, _dtypes, _target
+from . import _trace
+from ._dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: F401
+                      int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from ._errors import NKIError, fail
+from ._ops import OPS, ElementwiseOp, reduce as _reduce_fn
+from ._target import tile_size  # noqa: F401
+from ._tensor import DynSlice, NkiTensor, hbm, private_hbm, psum, sbuf, shared_hbm  # noqa: F401
+from ._tensor import buffer_of as _buffer_of
+
+ndarray_type = NkiTensor
+tile = NkiTensor
+
+# Elementwise functions: nl.add, nl.exp, ... (also the ``op=`` of nki.isa).
+globals().update(OPS)
+__all__ = sorted(OPS)
+
+
+# -- allocation ------------------------------------------------------------
+def ndarray(shape, dtype, buffer=sbuf, name="", **kwargs):
+    """A new tensor (uninitialised: the simulator fills it with NaN)."""
+    instr = "nki.language.ndarray"
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    dtype = _dtypes.check(dtype, "dtype", instr)
+    buffer = _buffer_of(buffer)
+    if len(shape) > 5:
+        fail(instr, "shape", f"tensors have at most 5 dimensions, got {len(shape)}")
+    if buffer.on_chip:
+        if not shape:
+            fail(instr, "shape", "an on-chip tensor needs a partition dimension")
+        _checks.partitions(instr, "shape", shape[0])
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        if buffer is psum and row_bytes > _target.psum_tile_bytes():
+            if _target.psum_tile_bytes() == _target.PSUM_BANK_BYTES:
+                fail(instr, "shape", f"PSUM tile of {row_bytes} bytes per partition exceeds the 2 KiB PSUM bank "
+                                     f"(512 fp32 elements, nl.tile_size.psum_bank_fmax) on {_target.current()}")
+            fail(instr, "shape", f"PSUM tile of {row_bytes} bytes per partition exceeds the "
+                                 f"{_target.psum_tile_bytes()}-byte PSUM partition")
+        cap = _target.sbuf_partition_bytes()
+        if buffer is sbuf and row_bytes > cap:
+            fail(instr, "shape", f"SBUF tile of {row_bytes} bytes per partition exceeds the {cap}-byte SBUF "
+                                 f"partition of {_target.current()}")
+    st = _trace.current(instr).new_storage(buffer, dtype, shape, name)
+    return NkiTensor(st, shape, _check=False)
+
+
+def zeros(shape, dtype, buffer=sbuf, name="", **kw):
+    return full(shape, 0, dtype, buffer, name)
+
+
+def ones(shape, dtype, buffer=sbuf, name="", **kw):
+    return full(shape, 1, dtype, buffer, name)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name="", **kw):
+    t = ndarray(shape, dtype, buffer, name)
+    _memset(t, fill_value, "nki.language.full")
+    return t
+
+
+def zeros_like(a, dtype=None, buffer=None, name="", **kw):
+    return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def ones_like(a, dtype=None, buffer=None, name="", **kw):
+    return ones(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def full_like(a, fill_value, dtype=None, buffer=None, name="", **kw):
+    return full(a.shape, fill_value, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def empty_like(a, dtype=None, buffer=None, name="", **kw):
+    return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+def rand(shape, dtype=float32, buffer=sbuf, name="", **kw):
+    """Uniform [0, 1) values (from torch's CPU generator)."""
+    t = ndarray(shape, dtype, buffer, name)
+    _trace.record("nki.language.rand", lambda env: env.write(t, torch.rand(t.shape)), t)
+    return t
+
+
+def shared_identity_matrix(n, dtype=bfloat16, **kw):
+    t = ndarray((n, n), dtype, sbuf)
+    _trace.record("nki.language.shared_identity_matrix", lambda env: env.write(t, torch.eye(n)), t)
+    return t
+
+
+def _memset(t, value, instr):
+    if not isinstance(value, (int, float, bool)):
+        fail(instr, "value", f"expected a number, got {type(value).__name__}")
+    _trace.record(instr, lambda env: env.view(t).fill_(value), t)
+
+
+# -- helpers ---------------------------------------------------------------
+def _tensors(*xs):
+    return [x for x in xs if isinstance(x, NkiTensor)]
+
+
+def _result(shape, dtype):
+    return ndarray(tuple(shape), dtype, sbuf)
+
+
+def _promote(ts, dtype):
+    if dtype is not None:
+        return _dtypes.check(dtype, "dtype")
+    d = ts[0].dtype
+    for t in ts[1:]:
+        d = torch.promote_types(d, t.dtype)
+    return d
+
+
+def _value(env, x, impl=None, ndim=None):
+    if isinstance(x, NkiTensor):
+        v = env.ints(x) if impl is not None and impl.kind == "bitvec" else env.f32(x)
+        if ndim is not None and v.ndim < ndim:
+            v = v.reshape(tuple(v.shape) + (1,) * (ndim - v.ndim))
+        return v
+    return x
+
+
+def _broadcast_shape(instr, ts):
+    """Tiles broadcast from the partition axis: a [P] tile (a reduction's
+    result) meets a [P, F] tile as [P, 1], not as numpy's trailing-aligned
+    [1, P]."""
+    nd = builtins.max(t.ndim for t in ts)
+    try:
+        return tuple(torch.broadcast_shapes(*[tuple(t.shape) + (1,) * (nd - t.ndim) for t in ts]))
+    except RuntimeError:
+        fail(instr, "x1", f"shapes {[list(t.shape) for t in ts]} do not broadcast")
+
+
+def _elementwise(impl, args, dtype):
+    instr = f"nki.language.{impl.name}"
+    ts = _tensors(*args)
+    if not ts:  # constants fold while tracing
+        return impl.compute(*args).item()
+    for i, a in enumerate(args):
+        if isinstance(a, NkiTensor):
+            _checks.tile(instr, f"x{i}" if len(args) > 1 else "x", a)
+        elif not isinstance(a, (int, float, bool)):
+            fail(instr, f"x{i}", f"expected a tile or a number, got {type(a).__name__}")
+    _checks.bitvec(instr, impl, *ts)
+    shape = _broadcast_shape(instr, ts)
+    out = _result(shape, _promote(ts, dtype))
+
+    def run(env):
+        env.write(out, impl.compute(*[_value(env, a, impl, len(shape)) for a in args]).expand(shape))
+    _trace.record(instr, run, out, *ts)
+    return out
+
+
+def _assign(dst, value):
+    """``dst[...] = value``: a copy (tensor) or memset (number)."""
+    if isinstance(value, NkiTensor):
+        _checks.tile("nki.language.copy", "value", value, _checks.ANY)
+
+        def run(env):
+            env.write(dst, env.view(value).expand(dst.shape) if value.shape != dst.shape else env.view(value))
+        try:
+            torch.broadcast_shapes(value.shape, dst.shape)
+        except RuntimeError:
+            fail("nki.language.copy", "value", f"shape {list(value.shape)} does not fit {list(dst.shape)}")
+        _trace.record("nki.language.copy", run, dst, value)
+    else:
+        _memset(dst, value, "nki.language.copy")
+
+
+# -- movement --------------------------------------------------------------
+def load(src, dtype=None, **kw):
+    """HBM -> a new SBUF tile."""
+    instr = "nki.language.load"
+    _checks.tile(instr, "src", src, _checks.ANY)
+    if src.ndim == 0:
+        src = src.reshape((1,))
+    _checks.partitions(instr, "src", src.shape[0])
+    out = _result(src.shape, dtype or src.dtype)
+    _trace.record(instr, lambda env: env.write(out, env.view(src)), out, src)
+    return out
+
+
+def store(dst, value, **kw):
+    """A tile -> ``dst`` (HBM)."""
+    instr = "nki.language.store"
+    _checks.tile(instr, "dst", dst, _checks.ANY)
+    if isinstance(value, NkiTensor):
+        _checks.tile(instr, "value", value, _checks.ANY)
+        if value.size != dst.size:
+            fail(instr, "value", f"shape {list(value.shape)} does not match dst {list(dst.shape)}")
+        _trace.record(instr, lambda env: env.write(dst, env.view(value).reshape(dst.shape)), dst, value)
+    else:
+        _memset(dst, value, instr)
+
+
+def copy(x, dtype=None, **kw):
+    instr = "nki.language.copy"
+    _checks.tile(instr, "x", x)
+    out = _result(x.shape, dtype or x.dtype)
+    _trace.record(instr, lambda env: env.write(out, env.view(x)), out, x)
+    return out
+
+
+# nl.copy is also the identity activation (``op=nl.copy``).
+copy._nki_op = OPS["copy"]
+
+
+def load_transpose2d(src, dtype=None, **kw):
+    instr = "nki.language.load_transpose2d"
+    _checks.tile(instr, "src", src, ("hbm",))
+    if src.ndim != 2:
+        fail(instr, "src", f"expected a 2-D tensor, got {list(src.shape)}")
+    _checks.partitions(instr, "src", src.shape[1])
+    out = _result((src.shape[1], src.shape[0]), dtype or src.dtype)
+    _trace.record(instr, lambda env: env.write(out, env.view(src).t()), out, src)
+    return out
+
+
+# -- reductions ------------------------------------------------------------
+def _reduction(name, x, axis, dtype, keepdims, fn):
+    instr = f"nki.language.{name}"
+    _checks.tile(instr, "x", x)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(a + x.ndim if a < 0 else a for a in axes)
+    if any(a < 0 or a >= x.ndim for a in axes):
+        fail(instr, "axis", f"axis {axis} out of range for a {x.ndim}-D tile")
+    shape = [1 if i in axes else s for i, s in enumerate(x.shape)] if keepdims else \
+        [s for i, s in enumerate(x.shape) if i not in axes]
+    if not shape:
+        shape = [1]
+    out = _result(shape, dtype or x.dtype)
+
+    def run(env):
+        env.write(out, fn(env.f32(x), axes, keepdims).reshape(out.shape))
+    _trace.record(instr, run, out, x)
+    return out
+
+
+def sum(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("sum", x, axis, dtype, keepdims, lambda v, a, k: v.sum(dim=a, keepdim=k))
+
+
+def max(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("max", x, axis, dtype, keepdims, lambda v, a, k: v.amax(dim=a, keepdim=k))
+
+
+def min(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("min", x, axis, dtype, keepdims, lambda v, a, k: v.amin(dim=a, keepdim=k))
+
+
+def mean(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("mean", x, axis, dtype, keepdims, lambda v, a, k: v.mean(dim=a, keepdim=k))
+
+
+def var(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("var", x, axis, dtype, keepdims, lambda v, a, k: v.var(dim=a, keepdim=k, correction=0))
+
+
+def prod(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("prod", x, axis, dtype, keepdims, lambda v, a, k: _reduce_fn(OPS["multiply"], v, a, k))
+
+
+def all(x, axis, dtype=None, keepdims=False, **kw):
+    return _reduction("all", x, axis, dtype, keepdims,
+                      lambda v, a, k: (v != 0).to(torch.float32).amin(dim=a, keepdim=k))
+
+
+# -- composites ------------------------------------------------------------
+def softmax(x, axis, dtype=None, **kw):
+    instr = "nki.language.softmax"
+    _checks.tile(instr, "x", x)
+    out = _result(x.shape, dtype or x.dtype)
+    _trace.record(instr, lambda env: env.write(out, torch.softmax(env.f32(x), dim=axis)), out, x)
+    return out
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):
+    """``x * rsqrt(sum(x**2, axis) / n + epsilon) * w``."""
+    instr = "nki.language.rms_norm"
+    _checks.tile(instr, "x", x)
+    _checks.tile(instr, "w", w)
+    try:
+        torch.broadcast_shapes(x.shape, w.shape)
+    except RuntimeError:
+        fail(instr, "w", f"shape {list(w.shape)} does not broadcast to x {list(x.shape)}")
+    out = _result(x.shape, dtype or x.dtype)
+
+    def run(env):
+        v = env.f32(x)
+        r = torch.rsqrt(v.square().sum(dim=axis, keepdim=True) / n + epsilon)
+        env.write(out, v * r * env.f32(w))
+    _trace.record(instr, run, out, x, w)
+    return out
+
+
+def matmul(x, y, transpose_x=False, **kw):
+    """``x @ y`` into a new fp32 PSUM tile (``x`` is [K, M] when
+    ``transpose_x``, as the Tensor Engine wants it)."""
+    instr = "nki.language.matmul"
+    _checks.tile(instr, "x", x, _checks.SBUF)
+    _checks.tile(instr, "y", y, _checks.SBUF)
+    K, M = (x.shape[0], x.shape[1]) if transpose_x else (x.shape[1], x.shape[0])
+    from .isa import _matmul_limits
+    _matmul_limits(instr, K, M, y, 4)
+    out = ndarray((M, y.shape[1]), float32, psum)
+
+    def run(env):
+        a = env.f32(x)
+        env.write(out, (a if transpose_x else a.t()).t() @ env.f32(y))
+    _trace.record(instr, run, out, x, y)
+    return out
+
+
+def transpose(x, dtype=None, **kw):
+    instr = "nki.language.transpose"
+    _checks.tile(instr, "x", x)
+    if x.ndim != 2:
+        fail(instr, "x", f"expected a 2-D tile, got {list(x.shape)}")
+    _checks.partitions(instr, "x (free size)", x.shape[1])
+    out = _result((x.shape[1], x.shape[0]), dtype or x.dtype)
+    _trace.record(instr, lambda env: env.write(out, env.view(x).t()), out, x)
+    return out
+
+
+def where(condition, x, y, dtype=None, **kw):
+    instr = "nki.language.where"
+    ts = _tensors(condition, x, y)
+    for t in ts:
+        _checks.tile(instr, "operand", t)
+    shape = _broadcast_shape(instr, ts)
+    out = _result(shape, dtype or _promote(_tensors(x, y) or ts, None))
+
+    def run(env):
+        c = _value(env, condition, ndim=len(shape))
+        c = c != 0 if isinstance(c, torch.Tensor) else torch.tensor(bool(c))
+        a, b = _value(env, x, ndim=len(shape)), _value(env, y, ndim=len(shape))
+        env.write(out, torch.where(c, torch.as_tensor(a), torch.as_tensor(b)).expand(shape))
+    _trace.record(instr, run, out, *ts)
+    return out
+
+
+def broadcast_to(x, shape, **kw):
+    instr = "nki.language.broadcast_to"
+    _checks.tile(instr, "x", x)
+    shape = tuple(shape)
+    out = _result(shape, x.dtype)
+    _trace.record(instr, lambda env: env.write(out, env.view(x).expand(shape)), out, x)
+    return out
+
+
+def expand_dims(x, axis, **kw):
+    return x.expand_dim(axis)
+
+
+def dropout(x, rate, dtype=None, **kw):
+    instr = "nki.language.dropout"
+    _checks.tile(instr, "x", x)
+    out = _result(x.shape, dtype or x.dtype)
+
+    def run(env):
+        v = env.f32(x)
+        r = float(rate) if not isinstance(rate, NkiTensor) else env.f32(rate).reshape(-1)[0].item()
+        keep = torch.rand(v.shape) >= r
+        env.write(out, torch.where(keep, v / (1 - r), torch.zeros(())))
+    _trace.record(instr, run, out, *_tensors(x, rate))
+    return out
+
+
+def device_print(prefix, x, **kw):
+    _checks.tile("nki.language.device_print", "x", x, _checks.ANY)
+    _trace.record("nki.language.device_print", lambda env: builtins.print(prefix, env.view(x)), x)
+
+
+# -- SPMD and loops --------------------------------------------------------
+def program_id(axis=0):
+    tr = _trace.current("nki.language.program_id")
+    if axis >= len(tr.grid):
+        return 0
+    return tr.program_id[axis]
+
+
+def num_programs(axes=None):
+    tr = _trace.current("nki.language.num_programs")
+    if axes is None:
+        return math.prod(tr.grid) if tr.grid else 1
+    if isinstance(axes, int):
+        return tr.grid[axes] if axes < len(tr.grid) else 1
+    return tuple(tr.grid[a] if a < len(tr.grid) else 1 for a in axes)
+
+
+def program_ndim():
+    return len(_trace.current("nki.language.program_ndim").grid)
+
+
+def range(*args, **kw):
+    """A loop the trace unrolls (the iterations are independent tile programs)."""
+    return builtins.range(*args)
+
+
+affine_range = sequential_range = static_range = range
+
+
+def ds(start, size, step=None):
+    return DynSlice(start, size, step)
+
+
+def fori_loop(lower, upper, body_fun, init_val, **kw):
+    """``for i in range(lower, upper): val = body_fun(i, val)`` (unrolled)."""
+    val = init_val
+    for i in builtins.range(lower, upper):
+        val = body_fun(i, val)
+    return val
+
+
+def while_loop(cond_fun, body_fun, init_val, max_iterations=1 << 20, **kw):
+    """``while cond_fun(val): val = body_fun(val)``. A Python-valued condition
+    resolves while tracing; a tile-valued one ([1, 1], nonzero = continue) is
+    a device loop: the condition and the body are traced once and the
+    executor re-runs them until the tile reads zero."""
+    c = cond_fun(init_val)
+    if not isinstance(c, NkiTensor):
+        val = init_val
+        while c:
+            val = body_fun(val)
+            c = cond_fun(val)
+        return val
+    tr = _trace.current("nki.language.while_loop")
+    # ``c`` was recorded in the parent program (the first test); trace the
+    # body and the re-test once, into the loop's own instruction list.
+    outer = tr.instrs
+    tr.instrs = []
+    try:
+        body_val = body_fun(init_val)
+        again = cond_fun(body_val)
+    finally:
+        loop, tr.instrs = tr.instrs, outer
+    if body_val is not init_val and not _same_structure(body_val, init_val):
+        raise NKIError("nki.language.while_loop: body_fun must update its state in place and return it")
+    if not isinstance(again, NkiTensor):
+        raise NKIError("nki.language.while_loop: cond_fun returned a tile once and a Python value after the body")
+    from ._exec import run_subprogram
+
+    def run(env):
+        n = 0
+        flag = c
+        while env.f32(flag).reshape(-1)[0].item() != 0:
+            n += 1
+            if n > max_iterations:
+                raise NKIError(f"nki.language.while_loop: more than {max_iterations} iterations")
+            run_subprogram(env, loop)
+            flag = again
+    touched = [t for ins in loop for t in ins.tensors]
+    _trace.record("nki.language.while_loop", run, c, again, *touched)
+    return body_val
+
+
+def _same_structure(a, b):
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and builtins.all(x is y for x, y in zip(a, b))
+    return a is b
+
+
+__all__ += ["ndarray", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "empty_like", "rand",
+            "shared_identity_matrix", "load", "store", "copy", "load_transpose2d", "sum", "max", "min", "mean",
+            "var", "prod", "all", "softmax", "rms_norm", "matmul", "transpose", "where", "broadcast_to",
+            "expand_dims", "dropout", "device_print", "program_id", "num_programs", "program_ndim", "range",
+            "affine_range", "sequential_range", "static_range", "ds", "fori_loop", "while_loop", "tile_size",
+            "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "bool_", "int8", "int16", "int32", "uint8",
+            "uint16", "uint32", "float16", "bfloat16", "tfloat32", "float32", "float8_e4m3", "float8_e4m3fn",
+            "float8_e5m2", "ElementwiseOp", "NkiTensor"]
+
+
+_LEGACY = {"arange": "slices or nl.ds", "mgrid": "slices, nl.ds or NkiTensor.ap", "par_dim": "the first dimension",
+           "mask": "slices", "spmd_dim": "kernel[grid]"}
+
+
+def __getattr__(name):
+    if name in _LEGACY:
+        raise AttributeError(f"nki.language.{name} belongs to the legacy neuronxcc.nki API, removed in NKI 0.3; "
+                             f"use {_LEGACY[name]}")
+    raise AttributeError(f"module 'nki.language' has no attribute '{name}'")

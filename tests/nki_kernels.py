@@ -1,0 +1,219 @@
+"""NKI kernels used by the tests: our own current-API (dst-first) versions
+of the vendor's tutorial kernels, with torch/NumPy references."""
+import numpy as np
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+
+@nki.jit
+def tensor_add(a, b):
+    """[128, 512] tiles: dma_copy in, tensor_tensor(add), dma_copy out."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    rows, cols = a.shape
+    assert a.shape == b.shape and rows % 128 == 0 and cols % 512 == 0
+    for i in nl.affine_range(rows // 128):
+        for j in nl.affine_range(cols // 512):
+            block = (slice(i * 128, (i + 1) * 128), slice(j * 512, (j + 1) * 512))
+            x = nl.ndarray((128, 512), dtype=a.dtype, buffer=nl.sbuf)
+            y = nl.ndarray((128, 512), dtype=b.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x, src=a[block])
+            nisa.dma_copy(dst=y, src=b[block])
+            z = nl.ndarray((128, 512), dtype=a.dtype, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=z, data1=x, data2=y, op=nl.add)
+            nisa.dma_copy(dst=out[block], src=z)
+    return out
+
+
+@nki.jit
+def tensor_add_spmd(a, b):
+    """One [128, 512] tile per SPMD instance of a (rows/128, cols/512) grid."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    i, j = nl.program_id(0), nl.program_id(1)
+    rows = nl.ds(i * 128, 128)
+    cols = nl.ds(j * 512, 512)
+    x = nl.load(a[rows, cols])
+    y = nl.load(b[rows, cols])
+    nl.store(out[rows, cols], value=nl.add(x, y))
+    return out
+
+
+@nki.jit
+def relu_into(x, out):
+    """Writes max(x, 0) into ``out`` (an output argument)."""
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r, data=t, op0=nl.maximum, operand0=0.0)
+    nisa.dma_copy(dst=out, src=r)
+
+
+@nki.jit
+def matmul_basic(lhsT, rhs):
+    """[K, M]^T @ [K, N] in one nc_matmul (K <= 128, M <= 128, N <= 512)."""
+    K, M = lhsT.shape
+    K2, N = rhs.shape
+    assert K == K2
+    out = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    a = nl.ndarray(lhsT.shape, dtype=lhsT.dtype, buffer=nl.sbuf)
+    b = nl.ndarray(rhs.shape, dtype=rhs.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=lhsT)
+    nisa.dma_copy(dst=b, src=rhs)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(acc, a, b)
+    res = nl.ndarray((M, N), dtype=out.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def matmul_tiled(lhsT, rhs):
+    """M/N/K loops sized by nl.tile_size; K tiles accumulate in PSUM."""
+    K, M = lhsT.shape
+    _, N = rhs.shape
+    tm, tk, tn = nl.tile_size.gemm_stationary_fmax, nl.tile_size.pmax, nl.tile_size.gemm_moving_fmax
+    assert M % tm == 0 and K % tk == 0 and N % tn == 0
+    out = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    for m in nl.affine_range(M // tm):
+        for n in nl.affine_range(N // tn):
+            acc = nl.ndarray((tm, tn), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(K // tk):
+                a = nl.ndarray((tk, tm), dtype=lhsT.dtype, buffer=nl.sbuf)
+                b = nl.ndarray((tk, tn), dtype=rhs.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a, src=lhsT[k * tk:(k + 1) * tk, m * tm:(m + 1) * tm])
+                nisa.dma_copy(dst=b, src=rhs[k * tk:(k + 1) * tk, n * tn:(n + 1) * tn])
+                nisa.nc_matmul(dst=acc, stationary=a, moving=b)
+            res = nl.ndarray((tm, tn), dtype=out.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=res, src=acc)
+            nisa.dma_copy(dst=out[m * tm:(m + 1) * tm, n * tn:(n + 1) * tn], src=res)
+    return out
+
+
+@nki.jit
+def avgpool2d(x, pool):
+    """[C, H, W] -> [C, H/pool, W/pool]: a 5-D access-pattern view of the
+    SBUF tile ([C, Ho, Wo, pool, pool]) summed over the window axes."""
+    C, H, W = x.shape
+    Ho, Wo = H // pool, W // pool
+    out = nl.ndarray((C, Ho, Wo), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((C, H, W), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    windows = t.ap([[H * W, C], [pool * W, Ho], [pool, Wo], [W, pool], [1, pool]])
+    s = nl.sum(windows, axis=[3, 4], dtype=nl.float32)
+    avg = nl.ndarray((C, Ho, Wo), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=avg, data=s, op0=nl.multiply, operand0=1.0 / (pool * pool))
+    nisa.dma_copy(dst=out, src=avg)
+    return out
+
+
+@nki.jit
+def transpose2d(x, shape2d):
+    """Each row of ``x`` is a row-major [R, S] matrix; write it as [S, R]
+    (tensor_copy between strided free-axis views)."""
+    P, F = x.shape
+    R, S = shape2d
+    assert R * S == F
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    for i in nl.affine_range(R):
+        # Row i of the input is column i of the output: elements i, i+R, i+2R...
+        nisa.tensor_copy(dst=r[:, nl.ds(i, S, step=R)], src=t[:, nl.ds(i * S, S)])
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@nki.jit
+def rmsnorm(x, w, eps):
+    """RMSNorm of [rows, H] with weight [1, H], 128 rows per tile: squares
+    summed by activation_reduce, rsqrt(mean + eps) by activation, the weight
+    broadcast to all partitions with a ones-column matmul."""
+    rows, H = x.shape
+    out = nl.ndarray((rows, H), dtype=x.dtype, buffer=nl.shared_hbm)
+    wt = nl.ndarray((1, H), dtype=w.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=wt, src=w)
+    wt32 = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=wt32, src=wt)
+    ones = nl.ndarray((1, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    wb_psum = nl.ndarray((128, H), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=wb_psum, stationary=ones, moving=wt32)
+    wb = nl.ndarray((128, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=wb, src=wb_psum)
+    for i in nl.affine_range((rows + 127) // 128):
+        p = min(128, rows - i * 128)
+        t = nl.ndarray((128, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[:p], src=x[i * 128:i * 128 + p])
+        sq = nl.ndarray((128, H), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq[:p], op=nl.square, data=t[:p], reduce_op=nl.add, reduce_res=ss[:p])
+        inv = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=inv[:p], data=ss[:p], op0=nl.multiply, operand0=1.0 / H, op1=nl.add,
+                           operand1=eps)
+        nisa.activation(dst=inv[:p], op=nl.rsqrt, data=inv[:p])
+        y = nl.ndarray((128, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=y[:p], data=t[:p], op0=nl.multiply, operand0=inv[:p], op1=nl.multiply,
+                                  operand1=wb[:p])
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y[:p])
+    return out
+
+
+@nki.jit
+def softmax_rows(x):
+    """Row softmax with a partial last tile: row max (tensor_reduce),
+    exp(x - max) on the Scalar Engine with its row sum in the accumulator
+    registers, then a multiply by the reciprocal."""
+    rows, F = x.shape
+    out = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range((rows + 127) // 128):
+        p = min(128, rows - i * 128)
+        t = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i * 128:i * 128 + p])
+        neg_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=t, axis=1, keepdims=True, negate=True)
+        e = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=t, bias=neg_max, reduce_op=nl.add, reduce_res=s,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        r = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=r, data=s)
+        y = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=e, op0=nl.multiply, operand0=r)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
+    return out
+
+
+@nki.jit
+def softmax_rows_v4(x):
+    """The same with trn3's Vector Engine exponential (running row sum in
+    the Vector Engine's registers, accumulated over two column halves)."""
+    rows, F = x.shape
+    out = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    mx = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=mx, op=nl.maximum, data=t, axis=1, keepdims=True)
+    e = nl.ndarray((rows, F), dtype=nl.float32, buffer=nl.sbuf)
+    s = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    half = F // 2
+    nisa.exponential(dst=e[:, :half], src=t[:, :half], max_value=mx, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.exponential(dst=e[:, half:], src=t[:, half:], max_value=mx, reduce_res=s,
+                     reduce_cmd=nisa.reduce_cmd.reduce)
+    y = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=y, data=e, op0=nl.divide, operand0=s)
+    nl.store(out, y)
+    return out
+
+
+# -- references ---------------------------------------------------------------
+def avgpool2d_ref(x, pool):
+    c, h, w = x.shape
+    return x.reshape(c, h // pool, pool, w // pool, pool).mean(axis=(2, 4))
+
+
+def transpose2d_ref(x, shape2d):
+    p = x.shape[0]
+    r, s = shape2d
+    return np.ascontiguousarray(np.transpose(x.reshape(p, r, s), (0, 2, 1)).reshape(p, r * s))
