@@ -75,3 +75,18 @@ def test_malformed_fidelity_variables_are_reported(name, value):
     proc = run_python("import torch; torch.neuron.device_count()", env={name: value}, check=False)
     assert proc.returncode != 0
     assert f"{name}='{value}' is invalid" in proc.stderr and "ValueError" in proc.stderr
+
+
+def test_strict_accepts_what_models_do_with_integers():
+    # MoE routing counts expert ids with an integer histc (widened to double
+    # inside the kernel, never as a device tensor); repeat() builds its
+    # result through an unfold view of memory it has yet to fill.
+    out = run_json("""
+        import json, torch
+        ids = torch.tensor([0, 1, 1, 3, 3, 3, 7], device="neuron")
+        counts = torch.histc(ids, bins=8, min=0, max=7)
+        pos = torch.arange(6, device="neuron").unsqueeze(-1).repeat(1, 1, 4)
+        print(json.dumps({"counts": counts.cpu().tolist(), "dtype": str(counts.dtype),
+                          "repeat": pos.cpu().tolist() == torch.arange(6).unsqueeze(-1).repeat(1, 1, 4).tolist()}))
+    """, env={"NEURON_RT_STRICT": "1"})
+    assert out == {"counts": [1, 2, 0, 3, 0, 0, 0, 1], "dtype": "torch.int64", "repeat": True}

@@ -5,19 +5,30 @@
 #include <torch/library.h>
 
 #include "HostExecution.h"
+#include "NeuronFunctions.h"
+#include "csrc/runtime/Stream.h"
 
 namespace at::neuron {
 namespace {
 
 // histc on integer tensors (Transformers' MoE routing counts expert ids with
-// it off CPU); ATen's CPU kernel only takes floating types. Counts are exact
-// in double and come back in the input's dtype, as on CUDA.
+// it off CPU); ATen's CPU kernel only takes floating types. The kernel widens
+// to double in host scratch memory (exact counts; no float64 device tensor,
+// which NEURON_RT_STRICT would refuse) and writes counts in the input's
+// dtype, as on CUDA.
 at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
   if (c10::isFloatingType(self.scalar_type())) {
     return host_call("aten::histc", "", {self, bins, min, max})[0].toTensor();
   }
-  auto counts = host_call("aten::histc", "", {self.to(at::kDouble), bins, min, max})[0].toTensor();
-  return counts.to(self.scalar_type());
+  TORCH_CHECK(bins > 0, "histc: bins must be > 0, but got ", bins);
+  at::Tensor out = at::empty({bins}, self.options());
+  at::Tensor src = host_alias(self), dst = host_alias(out);
+  c10::DeviceIndex device = self.device().index();
+  rt_call([&] {
+    neuronrt::current_stream(device).launch(
+        [&] { dst.copy_(at::histc(src.to(at::kDouble), bins, min, max)); }, "aten::histc");
+  });
+  return out;
 }
 
 }  // namespace

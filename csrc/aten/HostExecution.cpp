@@ -400,11 +400,14 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (strict_mode()) {
     for (size_t i = rets_begin; i < stack->size(); ++i) {
       const auto& iv = (*stack)[i];
-      if (iv.isTensor() && iv.toTensor().defined()) {
-        check_strict_dtype(iv.toTensor().scalar_type(), schema.name());
-        neuronrt::DeviceAccess access;  // reads the result on the host
-        check_strict_int_range(iv.toTensor(), schema.name());
-      }
+      if (!iv.isTensor() || !iv.toTensor().defined()) continue;
+      check_strict_dtype(iv.toTensor().scalar_type(), schema.name());
+      // Computed values only: a view (unfold, diagonal, ...) computes none,
+      // and may even show memory its op has yet to fill.
+      const c10::AliasInfo* alias = schema.returns()[i - rets_begin].alias_info();
+      if (alias && !alias->isWrite()) continue;
+      neuronrt::DeviceAccess access;  // reads the result on the host
+      check_strict_int_range(iv.toTensor(), schema.name());
     }
   }
   for (size_t i = rets_begin; i < stack->size(); ++i) {
