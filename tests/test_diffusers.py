@@ -10,7 +10,6 @@ with ``TORCH_NEURONX_SLOW=1``.
 import copy
 import gc
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -264,28 +263,33 @@ def test_lora_step_matches_cpu(name):
 
 # ---- examples/diffusion.py ----------------------------------------------------------------------------------
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "diffusion.py"
+
+@pytest.fixture
+def example():
+    """examples/diffusion.py imported in this process (its main takes argv), so the runs share
+    the already imported torch/Diffusers instead of paying for a fresh interpreter each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        import diffusion
+
+        yield diffusion
+    finally:
+        sys.path.pop(0)
 
 
-def _example(*args, check=True):
-    proc = subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
-    if check:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
-
-
-def test_example_tiny_pipeline_says_noise_and_matches_cpu(tmp_path):
+def test_example_tiny_pipeline_says_noise_and_matches_cpu(example, tmp_path, capsys):
     from PIL import Image
 
-    proc = _example("--steps", "2", "--output", tmp_path / "neuron.png")
-    assert "RANDOM weights" in proc.stdout and "noise" in proc.stdout
-    assert "2/2" in proc.stderr  # Diffusers' own per-step progress bar
+    assert example.main(["--steps", "2", "--output", str(tmp_path / "neuron.png")]) == 0
+    out = capsys.readouterr()
+    assert "RANDOM weights" in out.out and "noise" in out.out
+    assert "2/2" in out.err  # Diffusers' own per-step progress bar
     # Round trip through a local model directory, then the same run on CPU.
-    _example("--save-tiny", tmp_path / "tiny")
-    size = ("--height", "32", "--width", "32")  # the tiny pipeline's default, not the loaded config's
-    _example("--model", tmp_path / "tiny", "--steps", "2", *size, "--output", tmp_path / "loaded.png")
-    _example("--model", tmp_path / "tiny", "--steps", "2", *size, "--device", "cpu", "--output", tmp_path / "cpu.png")
+    example.main(["--save-tiny", str(tmp_path / "tiny")])
+    size = ["--height", "32", "--width", "32"]  # the tiny pipeline's default, not the loaded config's
+    model = ["--model", str(tmp_path / "tiny"), "--steps", "2", *size]
+    example.main([*model, "--output", str(tmp_path / "loaded.png")])
+    example.main([*model, "--device", "cpu", "--output", str(tmp_path / "cpu.png")])
     pixels = [torch.tensor(list(Image.open(tmp_path / f).getdata())) for f in ("neuron.png", "loaded.png", "cpu.png")]
     assert pixels[0].float().std() > 1  # not a flat image
     for got in pixels[:2]:
@@ -297,6 +301,6 @@ def test_example_tiny_pipeline_says_noise_and_matches_cpu(tmp_path):
     (["--model", "/nonexistent"], "not a Diffusers pipeline directory"),
     (["--device", "nowhere"], "--device nowhere:"),
 ])
-def test_example_rejects_bad_arguments(args, message):
-    proc = _example(*args, check=False)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+def test_example_rejects_bad_arguments(example, args, message):
+    with pytest.raises(SystemExit, match=message):
+        example.main(args)
