@@ -90,7 +90,8 @@ def worker(args) -> dict:
 
         def step(m=model, x=inputs, device=device):
             out = m(**x, return_dict=False)[0]
-            torch.accelerator.synchronize() if device == "neuron" else None
+            if device == "neuron":
+                torch.neuron.synchronize()
             return out
 
         start = time.perf_counter()
@@ -162,7 +163,7 @@ def main() -> int:
               f"{t['eager-neuron'] / t['eager-cpu']:.2f} | {t['compiled-cpu']:.1f} | {t['compiled-neuron']:.1f} | "
               f"{t['compiled-neuron'] / t['compiled-cpu']:.2f} | {t['compiled-neuron'] / t['eager-neuron']:.2f} | "
               f"{c['compiled-cpu']:.1f} / {c['compiled-neuron']:.1f} |")
-        print(f"  max |diff| vs eager cpu: " + ", ".join(f"{k} {v:.1e}" for k, v in
+        print("  max |diff| vs eager cpu: " + ", ".join(f"{k} {v:.1e}" for k, v in
                                                           r["max_abs_diff_vs_eager_cpu"].items()))
     if args.json:
         with open(args.json, "w") as f:
