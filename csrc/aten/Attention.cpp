@@ -1,9 +1,15 @@
 // scaled_dot_product_attention on neuron: the PrivateUse1 "overrideable"
-// fused path. _fused_sdp_choice asks the host runtime's flash-attention
-// constraints and, where they hold, routes SDPA to the fused kernels below;
-// otherwise it returns the math path, which decomposes into device ops.
+// fused path. The choice asks the host (CPU) flash-attention constraints and,
+// where they hold, routes SDPA to the fused kernels below; otherwise it
+// returns the math path, which decomposes into device ops.
+//
+// F.scaled_dot_product_attention does not call the aten::_fused_sdp_choice
+// op: it calls _fused_sdp_choice_stub for the query's device type, so the
+// choice is registered both as the op (for direct callers) and as the
+// PrivateUse1 stub (for SDPA itself).
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
 #include "HostExecution.h"
@@ -11,15 +17,25 @@
 namespace at::neuron {
 namespace {
 
+// Tensors seen while tracing (FakeTensor, functional wrappers) carry the Python
+// or Functionalize key: graphs keep the math decomposition, which Inductor
+// lowers, rather than an op the host code could not run on CPU aliases.
+bool is_traced(const at::Tensor& t) {
+  return t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
+  if (is_traced(q) || is_traced(k) || is_traced(v)) {
+    return static_cast<int64_t>(at::SDPBackend::math);
+  }
   auto choice = at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v),
                                       attn_mask ? std::optional<at::Tensor>(host_alias(*attn_mask)) : std::nullopt,
                                       dropout_p, is_causal, scale, enable_gqa);
-  // The fused kernel has no dropout RNG or GQA expansion of its own.
-  bool fused = choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && dropout_p == 0.0 &&
-               q.size(-3) == k.size(-3);
+  // The fused kernel has no dropout RNG of its own. Grouped-query attention
+  // (fewer key/value heads) is fine: the CPU flash kernel maps heads itself.
+  bool fused = choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && dropout_p == 0.0;
   return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
 }
 
@@ -57,3 +73,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace at::neuron
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &at::neuron::fused_sdp_choice)
+}  // namespace at::native

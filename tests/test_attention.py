@@ -1,0 +1,94 @@
+"""scaled_dot_product_attention on neuron: eager SDPA takes the fused
+(``overrideable``) path wherever CPU would take its flash kernel, so results
+equal CPU's bit for bit; traced graphs keep the math decomposition."""
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same
+
+
+def _qkv(shape, dtype, seed=0, kv_heads=None):
+    g = torch.Generator().manual_seed(seed)
+    b, h, s, d = shape
+    q = torch.randn(b, h, s, d, generator=g).to(dtype)
+    k, v = (torch.randn(b, kv_heads or h, s, d, generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def _ops(fn):
+    with torch.autograd.profiler.profile() as prof:
+        fn()
+    return {e.name for e in prof.function_events}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["plain", "causal", "float-mask", "bool-mask"])
+def test_sdpa_eager_uses_fused_path_and_equals_cpu(dtype, case):
+    q, k, v = _qkv((2, 4, 48, 16), dtype)
+    kwargs = {"causal": dict(is_causal=True),
+              "float-mask": dict(attn_mask=torch.randn(48, 48, generator=torch.Generator().manual_seed(1)).to(dtype)),
+              "bool-mask": dict(attn_mask=torch.rand(2, 1, 48, 48, generator=torch.Generator().manual_seed(1)) > 0.3),
+              "plain": {}}[case]
+    ref = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    dev_args = [t.to("neuron") for t in (q, k, v)]
+    dev_kwargs = {n: t.to("neuron") if isinstance(t, torch.Tensor) else t for n, t in kwargs.items()}
+    ops = _ops(lambda: F.scaled_dot_product_attention(*dev_args, **dev_kwargs))
+    assert "aten::_scaled_dot_product_fused_attention_overrideable" in ops, sorted(ops)
+    assert "aten::bmm" not in ops
+    # Same host flash kernel as CPU: identical bits.
+    assert_same(F.scaled_dot_product_attention(*dev_args, **dev_kwargs), ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_fused_backward_equals_cpu(dtype):
+    q, k, v = _qkv((2, 2, 32, 8), dtype)
+    grads = {}
+    for device in ("cpu", "neuron"):
+        leaves = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+        out.float().square().sum().backward()
+        grads[device] = [t.grad for t in leaves]
+    for got, want in zip(grads["neuron"], grads["cpu"]):
+        assert_same(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_grouped_query_attention_is_fused_and_equals_cpu(dtype):
+    # Fewer key/value heads (Mistral, Qwen, Llama text encoders): CPU's flash kernel maps the heads itself.
+    q, k, v = _qkv((1, 4, 16, 8), dtype, kv_heads=2)
+    grads = {}
+    for device in ("cpu", "neuron"):
+        leaves = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+        ops = _ops(lambda: F.scaled_dot_product_attention(*leaves, enable_gqa=True))
+        assert device == "cpu" or "aten::_scaled_dot_product_fused_attention_overrideable" in ops, sorted(ops)
+        out = F.scaled_dot_product_attention(*leaves, enable_gqa=True)
+        out.float().square().sum().backward()
+        grads[device] = [out] + [t.grad for t in leaves]
+    for got, want in zip(grads["neuron"], grads["cpu"]):
+        assert_same(got.detach(), want.detach(), atol=0, rtol=0)
+
+
+def test_sdpa_dropout_takes_math_path():
+    # The fused host kernel has no dropout RNG: SDPA with dropout decomposes into device ops.
+    dev = [t.to("neuron") for t in _qkv((1, 2, 16, 8), torch.float32)]
+    ops = _ops(lambda: F.scaled_dot_product_attention(*dev, dropout_p=0.5))
+    assert "aten::_scaled_dot_product_fused_attention_overrideable" not in ops
+    torch.neuron.manual_seed(0)
+    out = F.scaled_dot_product_attention(*dev, dropout_p=0.5)
+    no_drop = F.scaled_dot_product_attention(*dev)
+    assert out.device.type == "neuron" and torch.isfinite(out).all()
+    assert not torch.equal(out.cpu(), no_drop.cpu())
+
+
+@pytest.mark.parametrize("backend", ["neuron", "inductor"])
+def test_sdpa_compiled_keeps_math_decomposition(backend):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    q, k, v = _qkv((2, 2, 32, 8), torch.float32)
+    cnt = CompileCounterWithBackend(backend)
+    fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), backend=cnt,
+                       fullgraph=True)
+    got = fn(*(t.to("neuron") for t in (q, k, v)))
+    assert cnt.frame_count == 1
+    assert_same(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
