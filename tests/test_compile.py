@@ -257,3 +257,14 @@ def test_cpu_only_graph_under_neuron_backend_is_cpu_inductor():
     for p, p_ref in zip(model.parameters(), ref.parameters()):
         assert p.grad.device.type == "cpu"
         torch.testing.assert_close(p.grad, p_ref.grad)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_dynamo_metrics_count_recompiles(fullgraph):
+    before = torch.neuron.get_dynamo_metrics()
+    f = torch.compile(lambda x: x * 2 + 1, backend="neuron", dynamic=False, fullgraph=fullgraph)
+    for n in (2, 3, 4):  # one compilation, then a recompile per new static shape
+        assert torch.equal(f(torch.ones(n, device="neuron")).cpu(), torch.full((n,), 3.0))
+    after = torch.neuron.get_dynamo_metrics()
+    assert after["recompiles"] - before["recompiles"] == 2
+    assert after["frames_total"] - before["frames_total"] >= 1

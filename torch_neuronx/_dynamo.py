@@ -100,14 +100,34 @@ def register_device_interface() -> None:
         register_interface_for_device(f"neuron:{i}", NeuronInterface)
 
 
+# Compile ids ("frame/attempt") of the neuron compilations of this process,
+# noted by neuron_backend: torch 2.13 no longer counts recompiles, and counts
+# frames only outside fullgraph=True.
+_compile_ids: list = []
+
+
+def _note_compile() -> None:
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    # The graphs of one compilation (split by graph breaks) share its id.
+    if compile_id is not None and (not _compile_ids or _compile_ids[-1] != str(compile_id)):
+        _compile_ids.append(str(compile_id))
+
+
 def get_dynamo_metrics() -> dict:
-    """Compile counters of this process: frames compiled, recompiles, graph breaks."""
+    """Compile counters of this process: frames compiled (first compilations of
+    a frame), recompiles (later ones), graph breaks, unique graphs."""
+    import re
+
     from torch._dynamo.utils import counters
 
+    attempts = [re.match(r"\[?(\d+)/(\d+)", c) for c in _compile_ids]
+    attempts = [(int(m.group(1)), int(m.group(2))) for m in attempts if m]
     return {
-        "frames_total": counters["frames"]["total"],
-        "frames_ok": counters["frames"]["ok"],
-        "recompiles": sum(counters["recompiles"].values()),
+        "frames_total": max(counters["frames"]["total"], sum(1 for _, a in attempts if a == 0)),
+        "frames_ok": max(counters["frames"]["ok"], sum(1 for _, a in attempts if a == 0)),
+        "recompiles": sum(1 for _, a in attempts if a > 0),
         "graph_breaks": sum(counters["graph_break"].values()),
         "unique_graphs": counters["stats"]["unique_graphs"],
     }
@@ -331,6 +351,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     from torch._inductor.compile_fx import partition_fn, select_decomp_table
 
     register_device_interface()
+    _note_compile()
     mode = mode or "default"
     if mode not in _MODES:
         raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
