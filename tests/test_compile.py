@@ -261,6 +261,7 @@ def test_cpu_only_graph_under_neuron_backend_is_cpu_inductor():
 
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_dynamo_metrics_count_recompiles(fullgraph):
+    torch._dynamo.reset()  # the lambda's code object may be cached by another test
     before = torch.neuron.get_dynamo_metrics()
     f = torch.compile(lambda x: x * 2 + 1, backend="neuron", dynamic=False, fullgraph=fullgraph)
     for n in (2, 3, 4):  # one compilation, then a recompile per new static shape
