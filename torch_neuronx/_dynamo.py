@@ -104,20 +104,25 @@ def register_device_interface() -> None:
 # noted by neuron_backend: torch 2.13 no longer counts recompiles, and counts
 # frames only outside fullgraph=True.
 _compile_ids: list = []
+_last_context = None
 
 
 def _note_compile() -> None:
     from torch._guards import CompileContext
 
-    compile_id = CompileContext.current_compile_id()
-    # The graphs of one compilation (split by graph breaks) share its id.
-    if compile_id is not None and (not _compile_ids or _compile_ids[-1] != str(compile_id)):
-        _compile_ids.append(str(compile_id))
+    global _last_context
+    context = CompileContext.try_get()
+    # The graphs of one compilation (split by graph breaks) share its context.
+    if context is not None and context is not _last_context and context.compile_id is not None:
+        _last_context = context
+        _compile_ids.append(str(context.compile_id))
 
 
 def get_dynamo_metrics() -> dict:
-    """Compile counters of this process: frames compiled (first compilations of
-    a frame), recompiles (later ones), graph breaks, unique graphs."""
+    """Compile counters of this process, for frames with neuron graphs:
+    compilations (``frames_total``/``frames_ok``; a failed one raises), of which
+    ``recompiles`` were later compilations of an already compiled frame; and
+    Dynamo's graph breaks and unique graphs."""
     import re
 
     from torch._dynamo.utils import counters
@@ -125,8 +130,8 @@ def get_dynamo_metrics() -> dict:
     attempts = [re.match(r"\[?(\d+)/(\d+)", c) for c in _compile_ids]
     attempts = [(int(m.group(1)), int(m.group(2))) for m in attempts if m]
     return {
-        "frames_total": max(counters["frames"]["total"], sum(1 for _, a in attempts if a == 0)),
-        "frames_ok": max(counters["frames"]["ok"], sum(1 for _, a in attempts if a == 0)),
+        "frames_total": len(attempts),
+        "frames_ok": len(attempts),
         "recompiles": sum(1 for _, a in attempts if a > 0),
         "graph_breaks": sum(counters["graph_break"].values()),
         "unique_graphs": counters["stats"]["unique_graphs"],
