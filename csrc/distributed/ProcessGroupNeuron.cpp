@@ -1,0 +1,711 @@
+#include "csrc/distributed/ProcessGroupNeuron.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/thread_name.h>
+
+#include <algorithm>
+
+#include "csrc/aten/HostExecution.h"
+
+namespace c10d {
+
+namespace {
+
+// Longest timeout honoured as a deadline (larger ones would overflow the
+// clock arithmetic; a year is "forever" for a collective).
+constexpr std::chrono::milliseconds kMaxTimeout{std::chrono::hours(24 * 365)};
+
+bool is_fp8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz ||
+         t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
+}
+
+// The CPU view of `t` the transport moves: a zero-copy alias of neuron memory
+// (CPU tensors unchanged), fp8 reinterpreted as bytes since Gloo has no fp8.
+at::Tensor to_host(const at::Tensor& t) {
+  at::Tensor h = at::neuron::host_alias(t);
+  if (is_fp8(h.scalar_type())) h = h.view(at::kByte);
+  return h;
+}
+
+std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(to_host(t));
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> to_host(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& l : lists) out.push_back(to_host(l));
+  return out;
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+const char* reduce_op_name(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::BAND: return "BAND";
+    case ReduceOp::BOR: return "BOR";
+    case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+// What Gloo would reject with an obscure message (or not at all), rejected
+// up front with a TypeError naming the op, the dtype and the way out.
+void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
+  const auto kind = op.op_;
+  for (const auto& t : tensors) {
+    const auto dtype = t.scalar_type();
+    TORCH_CHECK_TYPE(!is_fp8(dtype), "neuron backend: ", collective, " cannot reduce ", dtype,
+                     " tensors: fp8 is supported for data movement only (broadcast, all_gather, gather, scatter, "
+                     "all_to_all, send/recv). Upcast to bfloat16 or float32 to reduce.");
+    const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+    TORCH_CHECK_TYPE(!(kind == ReduceOp::AVG && !floating), "neuron backend: ", collective,
+                     " with ReduceOp.AVG needs floating-point or complex tensors, got ", dtype,
+                     ": an integer average is not representable. Reduce with ReduceOp.SUM and divide.");
+    TORCH_CHECK_TYPE(!(kind == ReduceOp::PREMUL_SUM && !floating), "neuron backend: ", collective,
+                     " with ReduceOp.PREMUL_SUM needs floating-point or complex tensors, got ", dtype, ".");
+    const bool bitwise = kind == ReduceOp::BAND || kind == ReduceOp::BOR || kind == ReduceOp::BXOR;
+    TORCH_CHECK_TYPE(!(bitwise && !at::isIntegralType(dtype, /*includeBool=*/true)), "neuron backend: ", collective,
+                     " with ReduceOp.", reduce_op_name(kind), " needs integer or bool tensors, got ", dtype, ".");
+    TORCH_CHECK_TYPE(!(at::isComplexType(dtype) && kind != ReduceOp::SUM && kind != ReduceOp::AVG &&
+                       kind != ReduceOp::PREMUL_SUM),
+                     "neuron backend: ", collective, " with ReduceOp.", reduce_op_name(kind),
+                     " is not defined for complex tensors (", dtype, ").");
+  }
+}
+
+// PREMUL_SUM's factor as a scalar (the supplement holds a double or a
+// one-element tensor, possibly on neuron).
+at::Scalar premul_factor(const ReduceOp& op) {
+  auto sup = c10::dynamic_intrusive_pointer_cast<PreMulSumSupplement>(op.supplement_);
+  TORCH_CHECK(sup, "ReduceOp.PREMUL_SUM has no factor: create it with torch.distributed._make_nccl_premul_sum");
+  if (sup->tensor_factor.defined()) return at::neuron::host_alias(sup->tensor_factor).reshape({}).item();
+  return sup->double_factor;
+}
+
+bool is_premul(const ReduceOp& op) {
+  return op.op_ == ReduceOp::PREMUL_SUM;
+}
+
+// Scratch copies of `inputs` multiplied by the PREMUL_SUM factor: the
+// caller's inputs are never scaled.
+std::vector<at::Tensor> premul_scratch(const std::vector<at::Tensor>& inputs, const ReduceOp& op) {
+  const at::Scalar f = premul_factor(op);
+  std::vector<at::Tensor> out;
+  out.reserve(inputs.size());
+  for (const auto& t : inputs) out.push_back(t.mul(f).contiguous());
+  return out;
+}
+
+// The device the work's future reports: the neuron device of the outputs
+// (or inputs), none for CPU-only collectives.
+std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) {
+  std::optional<c10::Device> dev;
+  for (const auto* list : {&a, &b}) {
+    for (const auto& t : *list) {
+      if (!t.defined() || t.device().is_cpu()) continue;
+      TORCH_CHECK_VALUE(!dev || *dev == t.device(), "neuron backend: all tensors of one collective must be on the ",
+                        "same device (or on cpu), got ", *dev, " and ", t.device());
+      dev = t.device();
+    }
+  }
+  if (!dev) return {};
+  return {*dev};
+}
+
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+template <typename T>
+std::string join(const std::vector<T>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += std::to_string(items[i]);
+  }
+  return out;
+}
+
+std::string error_message(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+ErrorType classify(const std::string& msg) {
+  std::string lower(msg);
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos) {
+    return ErrorType::TIMEOUT;
+  }
+  if (lower.find("closed") != std::string::npos || lower.find("reset") != std::string::npos ||
+      lower.find("peer") != std::string::npos) {
+    return ErrorType::REMOTE_ERROR;
+  }
+  return ErrorType::COMM_ERROR;
+}
+
+void note_error(std::atomic<ErrorType>& sink, ErrorType type) {
+  auto expected = ErrorType::SUCCESS;
+  sink.compare_exchange_strong(expected, type);
+}
+
+}  // namespace
+
+// ---- WorkNeuron --------------------------------------------------------------
+
+ProcessGroupNeuron::WorkNeuron::WorkNeuron(int rank, OpType opType, uint64_t seq, std::string describe,
+                                           std::chrono::milliseconds timeout, std::vector<at::Tensor> outputs,
+                                           std::vector<c10::Device> devices,
+                                           std::shared_ptr<std::atomic<ErrorType>> errorSink)
+    : Work(rank, opType),
+      seq_(seq),
+      describe_(std::move(describe)),
+      timeout_(std::min(timeout, kMaxTimeout)),
+      start_(std::chrono::steady_clock::now()),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::move(devices))),
+      errorSink_(std::move(errorSink)) {}
+
+std::exception_ptr ProcessGroupNeuron::WorkNeuron::wrap(std::exception_ptr error, const char* what) const {
+  const std::string msg = error_message(error);
+  return std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, describe_ + " " + what + msg));
+}
+
+void ProcessGroupNeuron::WorkNeuron::complete(std::exception_ptr error, const std::function<void()>& after) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return;
+  }
+  if (!error && after) {
+    try {
+      after();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    note_error(*errorSink_, classify(error_message(error)));
+    error = wrap(error, "failed: ");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return;
+    completed_ = true;
+    exception_ = error;
+  }
+  cv_.notify_all();
+  if (error) {
+    future_->setErrorIfNeeded(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool ProcessGroupNeuron::WorkNeuron::wait(std::chrono::milliseconds timeout) {
+  // Without an explicit timeout the group's timeout counts from the launch,
+  // so a hung peer surfaces here even when the transport never returns.
+  const auto deadline = timeout == kNoTimeout ? start_ + timeout_
+                                              : std::chrono::steady_clock::now() + std::min(timeout, kMaxTimeout);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_until(lock, deadline, [&] { return completed_; })) {
+    lock.unlock();
+    note_error(*errorSink_, ErrorType::TIMEOUT);
+    const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+    C10_THROW_ERROR(DistBackendError, c10::str(describe_, " timed out: not completed after ", limit.count(),
+                                               " ms (the peer may have hung or exited)"));
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  // Streams: launches are synchronous today, so the outputs are ready. Once
+  // they are asynchronous, block the current neuron stream on an event
+  // recorded when the transport finished.
+  return true;
+}
+
+void ProcessGroupNeuron::WorkNeuron::abort() {
+  if (transport_) {
+    try {
+      transport_->abort();
+    } catch (...) {  // Gloo's collective works cannot be aborted; abort() fails this work anyway
+    }
+  }
+  complete(std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                                         "the work was aborted")),
+           {});
+}
+
+int ProcessGroupNeuron::WorkNeuron::sourceRank() const {
+  TORCH_CHECK(transport_, "sourceRank() is only defined for recv from any source");
+  return transport_->sourceRank();
+}
+
+// ---- ProcessGroupNeuron ---------------------------------------------------------
+
+ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size,
+                                       c10::intrusive_ptr<Options> options)
+    : Backend(rank, size), gloo_(std::move(gloo)), options_(std::move(options)) {
+  TORCH_CHECK(gloo_, "ProcessGroupNeuron needs a transport backend");
+  TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, "ProcessGroupNeuron: transport is rank ",
+              gloo_->getRank(), " of ", gloo_->getSize(), ", expected rank ", rank, " of ", size);
+  if (!options_) options_ = Options::create();
+  init();
+}
+
+ProcessGroupNeuron::~ProcessGroupNeuron() {
+  shutdown();
+}
+
+std::chrono::milliseconds ProcessGroupNeuron::effectiveTimeout(std::chrono::milliseconds opTimeout) const {
+  return opTimeout.count() > 0 ? opTimeout : options_->timeout;
+}
+
+std::string ProcessGroupNeuron::ranksString() const {
+  const auto& g = options_->global_ranks_in_group;
+  if (g.empty()) return c10::str("[0..", size_ - 1, "]");
+  return c10::str("[", join(g, ", "), "]");
+}
+
+void ProcessGroupNeuron::checkUsable() const {
+  if (aborted_.load()) {
+    C10_THROW_ERROR(DistBackendError, c10::str("neuron process group '", pg_uid_,
+                                               "' was aborted; create a new process group to continue"));
+  }
+  if (shutdown_.load()) {
+    C10_THROW_ERROR(DistBackendError, c10::str("neuron process group '", pg_uid_, "' was shut down"));
+  }
+}
+
+void ProcessGroupNeuron::setTimeout(std::chrono::milliseconds timeout) {
+  options_->timeout = timeout;
+  gloo_->setTimeout(timeout);
+}
+
+void ProcessGroupNeuron::setGroupUid(const std::string& pg_uid) {
+  Backend::setGroupUid(pg_uid);
+  gloo_->setGroupUid(pg_uid);
+}
+
+void ProcessGroupNeuron::setSequenceNumberForGroup() {
+  gloo_->setSequenceNumberForGroup();
+  seq_ = 0;
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::milliseconds opTimeout,
+                                                    std::vector<at::Tensor> outputs,
+                                                    const std::function<c10::intrusive_ptr<Work>()>& run,
+                                                    std::function<void()> after) {
+  checkUsable();
+  const uint64_t seq = ++seq_;
+  const auto timeout = effectiveTimeout(opTimeout);
+  auto devices = devices_of(outputs);
+  std::string describe = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq, ", group '", pg_uid_,
+                                  "', rank ", rank_, " of ranks ", ranksString(), ", timeout ", timeout.count(),
+                                  " ms)");
+  auto work = c10::make_intrusive<WorkNeuron>(rank_, type, seq, std::move(describe), timeout, std::move(outputs),
+                                              std::move(devices), error_);
+  // Streams: kernel launches are synchronous today, so the inputs are ready
+  // here. Once they are asynchronous, record an event on the current stream
+  // and let the transport wait for it before touching the buffers.
+  c10::intrusive_ptr<Work> transport = run();
+  track(work, std::move(transport), std::move(after));
+  return work;
+}
+
+void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
+                               std::function<void()> after) {
+  work->transport_ = transport;
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    if (pending_.size() >= 64) {
+      std::erase_if(pending_, [](const auto& w) {
+        auto p = w.lock();
+        return !p || p->isCompleted();
+      });
+    }
+    pending_.emplace_back(work);
+  }
+  // Collective works carry a future; complete ours from its callback (no
+  // extra thread, no second waiter on the Gloo work).
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  try {
+    fut = transport->getFuture();
+  } catch (const c10::Error&) {
+  }
+  if (fut) {
+    fut->addCallback([work, after = std::move(after)](c10::ivalue::Future& f) {
+      work->complete(f.hasError() ? f.exception_ptr() : nullptr, after);
+    });
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->items.push_back({work, std::move(transport), std::move(after)});
+    if (!completionThread_.joinable()) completionThread_ = std::thread(&ProcessGroupNeuron::completionLoop, queue_);
+  }
+  queue_->cv.notify_one();
+}
+
+void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) {
+  c10::setThreadName("pt_neuron_comm");
+  while (true) {
+    Waiting item;
+    {
+      std::unique_lock<std::mutex> lock(queue->mutex);
+      queue->cv.wait(lock, [&] { return queue->stop || !queue->items.empty(); });
+      if (queue->items.empty()) return;
+      item = std::move(queue->items.front());
+      queue->items.pop_front();
+      queue->busy = true;
+    }
+    std::exception_ptr error;
+    try {
+      item.transport->wait(item.work->timeout_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.work->complete(error, item.after);
+    std::lock_guard<std::mutex> lock(queue->mutex);
+    queue->busy = false;
+  }
+}
+
+void ProcessGroupNeuron::abort() {
+  aborted_ = true;
+  std::vector<c10::intrusive_ptr<WorkNeuron>> pending;
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    for (auto& w : pending_) {
+      if (auto p = w.lock()) pending.push_back(std::move(p));
+    }
+    pending_.clear();
+  }
+  for (auto& w : pending) w->abort();
+  try {
+    gloo_->abort();
+  } catch (...) {
+  }
+  shutdown();
+}
+
+void ProcessGroupNeuron::shutdown() {
+  if (shutdown_.exchange(true)) return;
+  bool blocked = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stop = true;
+    // After an abort the thread may sit in a wait on a dead peer: leave it
+    // (it owns the queue) rather than block shutdown until the timeout.
+    blocked = aborted_.load() && (queue_->busy || !queue_->items.empty());
+  }
+  queue_->cv.notify_all();
+  if (completionThread_.joinable()) {
+    if (blocked) {
+      completionThread_.detach();
+    } else {
+      completionThread_.join();
+    }
+  }
+}
+
+c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<Store>& store,
+                                                      const std::vector<int>& ranks,
+                                                      const c10::intrusive_ptr<Backend::Options>& opts) {
+  checkUsable();
+  const std::string groupName = opts ? opts->group_name : std::string();
+  const auto timeout = opts ? opts->timeout : options_->timeout;
+  const std::string key = c10::str(groupName, "|", join(ranks, ","));
+  std::lock_guard<std::mutex> lock(splitMutex_);
+  if (!lastSplitKey_.empty() && key == lastSplitKey_) return lastSplit_;
+
+  c10::intrusive_ptr<Backend> childGloo;
+  {
+    // Gloo warns that our options are not its own and uses its defaults,
+    // which is what we want (the timeout is set right after).
+    SilentWarnings silent;
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    childGloo = gloo_->split(store, ranks, nullptr);
+  }
+  c10::intrusive_ptr<Backend> child;
+  if (childGloo) {
+    childGloo->setTimeout(timeout);
+    auto childOpts = Options::create(timeout);
+    childOpts->group_name = groupName;
+    if (opts) childOpts->group_desc = opts->group_desc;
+    for (int r : ranks) {
+      const auto& g = options_->global_ranks_in_group;
+      childOpts->global_ranks_in_group.push_back(g.empty() ? static_cast<uint64_t>(r) : g.at(r));
+    }
+    child = c10::make_intrusive<ProcessGroupNeuron>(childGloo, childGloo->getRank(), childGloo->getSize(),
+                                                    childOpts);
+  }
+  lastSplitKey_ = key;
+  lastSplit_ = child;
+  return child;
+}
+
+// ---- collectives -----------------------------------------------------------------
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const BroadcastOptions& opts) {
+  auto host = to_host(tensors);
+  return launch(OpType::BROADCAST, opts.timeout, tensors, [&] { return gloo_->broadcast(host, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const AllreduceOptions& opts) {
+  check_reduction(tensors, opts.reduceOp, "all_reduce");
+  auto host = to_host(tensors);
+  if (!is_premul(opts.reduceOp)) {
+    return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(host, opts); });
+  }
+  // The tensor is overwritten by the result, so it may hold the scaled input.
+  const at::Scalar f = premul_factor(opts.reduceOp);
+  for (auto& h : host) h.mul_(f);
+  AllreduceOptions sum = opts;
+  sum.reduceOp = ReduceOp::SUM;
+  return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(host, sum); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                 const AllreduceCoalescedOptions& opts) {
+  check_reduction(tensors, opts.reduceOp, "all_reduce_coalesced");
+  auto host = to_host(tensors);
+  AllreduceCoalescedOptions o = opts;
+  if (is_premul(opts.reduceOp)) {
+    const at::Scalar f = premul_factor(opts.reduceOp);
+    for (auto& h : host) h.mul_(f);
+    o.reduceOp = ReduceOp::SUM;
+  }
+  return launch(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors,
+                [&] { return gloo_->allreduce_coalesced(host, o); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
+  check_reduction(tensors, opts.reduceOp, "reduce");
+  auto host = to_host(tensors);
+  if (!is_premul(opts.reduceOp)) {
+    return launch(OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(host, opts); });
+  }
+  // Non-root ranks keep their input: reduce a scaled scratch copy, and copy
+  // the result back on the root.
+  auto scratch = premul_scratch(host, opts.reduceOp);
+  ReduceOptions sum = opts;
+  sum.reduceOp = ReduceOp::SUM;
+  const bool root = opts.rootRank == rank_;
+  return launch(
+      OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(scratch, sum); },
+      [host, scratch, root]() mutable {
+        if (!root) return;
+        for (size_t i = 0; i < host.size(); ++i) host[i].copy_(scratch[i]);
+      });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const AllgatherOptions& opts) {
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::ALLGATHER, opts.timeout, flatten(outputs),
+                [&] { return gloo_->allgather(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const AllgatherOptions& opts) {
+  auto hostOut = to_host(output);
+  auto hostIn = to_host(input);
+  return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
+                [&] { return gloo_->_allgather_base(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const AllgatherOptions& opts) {
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::ALLGATHER_COALESCED, opts.timeout, flatten(outputs),
+                [&] { return gloo_->allgather_coalesced(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const AllgatherOptions& opts) {
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::COALESCED, opts.timeout, outputs,
+                [&] { return gloo_->allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs, const GatherOptions& opts) {
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::GATHER, opts.timeout, flatten(outputs),
+                [&] { return gloo_->gather(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const ScatterOptions& opts) {
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::SCATTER, opts.timeout, outputs, [&] { return gloo_->scatter(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                                            const ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
+                    "neuron backend: reduce_scatter takes one output tensor and one list of inputs");
+  TORCH_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, "neuron backend: reduce_scatter needs ", size_,
+                    " input tensors (one per rank), got ", inputs[0].size());
+  for (const auto& t : inputs[0]) {
+    TORCH_CHECK_VALUE(t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+                      "neuron backend: reduce_scatter inputs must match the output's size and dtype, got ",
+                      t.sizes(), " ", t.scalar_type(), " for output ", outputs[0].sizes(), " ",
+                      outputs[0].scalar_type());
+  }
+  check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
+  // The list form runs as the flat form: one contiguous input (which also
+  // holds the PREMUL_SUM scaling) and a scratch output copied back.
+  std::vector<at::Tensor> flat;
+  for (const auto& t : to_host(inputs[0])) flat.push_back(t.reshape({-1}));
+  at::Tensor in = at::cat(flat);
+  ReduceScatterOptions o = opts;
+  if (is_premul(opts.reduceOp)) {
+    in.mul_(premul_factor(opts.reduceOp));
+    o.reduceOp = ReduceOp::SUM;
+  }
+  at::Tensor hostOut = to_host(outputs[0]);
+  at::Tensor out = at::empty({hostOut.numel()}, hostOut.options());
+  return launch(
+      OpType::REDUCE_SCATTER, opts.timeout, outputs, [&] { return gloo_->_reduce_scatter_base(out, in, o); },
+      [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                  const ReduceScatterOptions& opts) {
+  check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
+  auto hostOut = to_host(output);
+  auto hostIn = to_host(input);
+  ReduceScatterOptions o = opts;
+  if (is_premul(opts.reduceOp)) {
+    hostIn = premul_scratch({hostIn}, opts.reduceOp)[0];
+    o.reduceOp = ReduceOp::SUM;
+  }
+  return launch(
+      OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output},
+      [&] { return gloo_->_reduce_scatter_base(hostOut, hostIn, o); }, [hostIn]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const ReduceScatterOptions& opts) {
+  check_reduction(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  ReduceScatterOptions o = opts;
+  if (is_premul(opts.reduceOp)) {
+    hostIn = premul_scratch(hostIn, opts.reduceOp);
+    o.reduceOp = ReduceOp::SUM;
+  }
+  return launch(
+      OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, outputs,
+      [&] { return gloo_->reduce_scatter_tensor_coalesced(hostOut, hostIn, o); }, [hostIn]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& outputSplits,
+                                                           std::vector<int64_t>& inputSplits,
+                                                           const AllToAllOptions& opts) {
+  auto hostOut = to_host(output);
+  auto hostIn = to_host(input);
+  return launch(OpType::ALLTOALL_BASE, opts.timeout, {output},
+                [&] { return gloo_->alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs, const AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
+                    "neuron backend: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
+                    " and ", outputs.size());
+  // The list form runs as the flat form over one contiguous buffer each way.
+  std::vector<at::Tensor> flatIn;
+  std::vector<int64_t> inSplits, outSplits;
+  for (const auto& t : to_host(inputs)) {
+    TORCH_CHECK_TYPE(t.scalar_type() == to_host(outputs[0]).scalar_type(),
+                     "neuron backend: all_to_all tensors must share one dtype");
+    flatIn.push_back(t.reshape({-1}));
+    inSplits.push_back(t.numel());
+  }
+  auto hostOuts = to_host(outputs);
+  int64_t total = 0;
+  for (const auto& t : hostOuts) {
+    outSplits.push_back(t.numel());
+    total += t.numel();
+  }
+  at::Tensor in = at::cat(flatIn);
+  at::Tensor out = at::empty({total}, hostOuts[0].options());
+  return launch(
+      OpType::ALLTOALL, opts.timeout, outputs,
+      [&] { return gloo_->alltoall_base(out, in, outSplits, inSplits, opts); },
+      [hostOuts, out, outSplits, in]() mutable {
+        int64_t offset = 0;
+        for (size_t i = 0; i < hostOuts.size(); ++i) {
+          hostOuts[i].copy_(out.narrow(0, offset, outSplits[i]).view(hostOuts[i].sizes()));
+          offset += outSplits[i];
+        }
+      });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  auto host = to_host(tensors);
+  // Gloo sends straight from the buffer: keep the aliases alive until done.
+  return launch(OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
+                [host]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  auto host = to_host(tensors);
+  return launch(OpType::RECV, kUnsetTimeout, tensors, [&] { return gloo_->recv(host, srcRank, tag); },
+                [host]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  auto host = to_host(tensors);
+  return launch(OpType::RECVANYSOURCE, kUnsetTimeout, tensors, [&] { return gloo_->recvAnysource(host, tag); },
+                [host]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::barrier(const BarrierOptions& opts) {
+  // opts.device (from device_ids or the bound device) names the device whose
+  // queued work must finish first; launches are synchronous today, so Gloo's
+  // barrier is the whole of it.
+  return launch(OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
+}
+
+}  // namespace c10d
