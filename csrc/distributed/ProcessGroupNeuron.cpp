@@ -21,12 +21,39 @@ bool is_fp8(at::ScalarType t) {
          t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
 }
 
-// The CPU view of `t` the transport moves: a zero-copy alias of neuron memory
-// (CPU tensors unchanged), fp8 reinterpreted as bytes since Gloo has no fp8.
+// Element types Gloo's kernels are instantiated for.
+bool gloo_has_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar: case at::kByte:
+    case at::kInt: case at::kLong: case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
+at::Tensor host_view(const at::Tensor& t) {
+  return at::neuron::host_alias(t);
+}
+
+std::vector<at::Tensor> host_view(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(host_view(t));
+  return out;
+}
+
+// The CPU view of `t` a data-movement collective hands the transport: the
+// alias, reinterpreted as bytes when Gloo has no kernels for its dtype (fp8,
+// int16, uint16-64, complex). Dimension 0 is kept, so all_to_all splits hold.
 at::Tensor to_host(const at::Tensor& t) {
-  at::Tensor h = at::neuron::host_alias(t);
-  if (is_fp8(h.scalar_type())) h = h.view(at::kByte);
-  return h;
+  at::Tensor h = host_view(t);
+  if (gloo_has_dtype(h.scalar_type()) || !h.defined()) return h;
+  if (h.dim() == 0) h = h.view({1});
+  TORCH_CHECK_VALUE(h.stride(-1) == 1 || h.numel() <= 1, "neuron backend: ", h.scalar_type(),
+                    " tensors are moved as bytes and must be contiguous in their last dimension");
+  return h.view(at::kByte);
 }
 
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
@@ -98,18 +125,46 @@ at::Scalar premul_factor(const ReduceOp& op) {
   return sup->double_factor;
 }
 
-bool is_premul(const ReduceOp& op) {
-  return op.op_ == ReduceOp::PREMUL_SUM;
+// Gloo reduces int16/uint16/uint32 nowhere; a wider integer gives the same
+// bits (sum, product, min, max and bitwise ops all commute with truncation
+// modulo 2^16 / 2^32 in two's complement).
+std::optional<at::ScalarType> widened(at::ScalarType t) {
+  switch (t) {
+    case at::kShort: case at::kUInt16: return at::kInt;
+    case at::kUInt32: return at::kLong;
+    default: return std::nullopt;
+  }
 }
 
-// Scratch copies of `inputs` multiplied by the PREMUL_SUM factor: the
-// caller's inputs are never scaled.
-std::vector<at::Tensor> premul_scratch(const std::vector<at::Tensor>& inputs, const ReduceOp& op) {
-  const at::Scalar f = premul_factor(op);
+// What Gloo reduces for host alias `h`: `h` itself, or a scratch copy when
+// PREMUL_SUM scales it (the caller's input is never scaled) or its dtype is
+// widened. Results land in the scratch and are copied back.
+at::Tensor reduction_input(const at::Tensor& h, const ReduceOp& op) {
+  at::Tensor s = h;
+  if (op.op_ == ReduceOp::PREMUL_SUM) s = s.mul(premul_factor(op));
+  if (auto w = widened(s.scalar_type())) s = s.to(*w);
+  return s.is_same(h) ? h : s.contiguous();
+}
+
+std::vector<at::Tensor> reduction_input(const std::vector<at::Tensor>& hs, const ReduceOp& op) {
   std::vector<at::Tensor> out;
-  out.reserve(inputs.size());
-  for (const auto& t : inputs) out.push_back(t.mul(f).contiguous());
+  out.reserve(hs.size());
+  for (const auto& h : hs) out.push_back(reduction_input(h, op));
   return out;
+}
+
+// Copies scratch results back into the caller's tensors (no-op when Gloo
+// reduced in place).
+std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Tensor> src) {
+  return [dst = std::move(dst), src = std::move(src)]() mutable {
+    for (size_t i = 0; i < dst.size(); ++i) {
+      if (!dst[i].is_same(src[i])) dst[i].copy_(src[i].view(dst[i].sizes()));
+    }
+  };
+}
+
+ReduceOp gloo_op(const ReduceOp& op) {
+  return op.op_ == ReduceOp::PREMUL_SUM ? ReduceOp(ReduceOp::SUM) : op;
 }
 
 // The device the work's future reports: the neuron device of the outputs
@@ -198,10 +253,7 @@ std::exception_ptr ProcessGroupNeuron::WorkNeuron::wrap(std::exception_ptr error
 }
 
 void ProcessGroupNeuron::WorkNeuron::complete(std::exception_ptr error, const std::function<void()>& after) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_) return;
-  }
+  if (claimed_.exchange(true)) return;
   if (!error && after) {
     try {
       after();
@@ -213,18 +265,18 @@ void ProcessGroupNeuron::WorkNeuron::complete(std::exception_ptr error, const st
     note_error(*errorSink_, classify(error_message(error)));
     error = wrap(error, "failed: ");
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_) return;
-    completed_ = true;
-    exception_ = error;
-  }
-  cv_.notify_all();
+  // The future first: whoever wait() releases may read it at once.
   if (error) {
     future_->setErrorIfNeeded(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    exception_ = error;
+  }
+  cv_.notify_all();
 }
 
 bool ProcessGroupNeuron::WorkNeuron::wait(std::chrono::milliseconds timeout) {
@@ -479,50 +531,35 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce");
-  auto host = to_host(tensors);
-  if (!is_premul(opts.reduceOp)) {
-    return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(host, opts); });
-  }
-  // The tensor is overwritten by the result, so it may hold the scaled input.
-  const at::Scalar f = premul_factor(opts.reduceOp);
-  for (auto& h : host) h.mul_(f);
-  AllreduceOptions sum = opts;
-  sum.reduceOp = ReduceOp::SUM;
-  return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(host, sum); });
+  auto host = host_view(tensors);
+  auto in = reduction_input(host, opts.reduceOp);
+  AllreduceOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(in, o); },
+                copy_back(host, in));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const AllreduceCoalescedOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce_coalesced");
-  auto host = to_host(tensors);
+  auto host = host_view(tensors);
+  auto in = reduction_input(host, opts.reduceOp);
   AllreduceCoalescedOptions o = opts;
-  if (is_premul(opts.reduceOp)) {
-    const at::Scalar f = premul_factor(opts.reduceOp);
-    for (auto& h : host) h.mul_(f);
-    o.reduceOp = ReduceOp::SUM;
-  }
+  o.reduceOp = gloo_op(opts.reduceOp);
   return launch(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors,
-                [&] { return gloo_->allreduce_coalesced(host, o); });
+                [&] { return gloo_->allreduce_coalesced(in, o); }, copy_back(host, in));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "reduce");
-  auto host = to_host(tensors);
-  if (!is_premul(opts.reduceOp)) {
-    return launch(OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(host, opts); });
-  }
-  // Non-root ranks keep their input: reduce a scaled scratch copy, and copy
-  // the result back on the root.
-  auto scratch = premul_scratch(host, opts.reduceOp);
-  ReduceOptions sum = opts;
-  sum.reduceOp = ReduceOp::SUM;
+  auto host = host_view(tensors);
+  auto in = reduction_input(host, opts.reduceOp);
+  ReduceOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  // Only the root receives the result; other ranks keep their input.
   const bool root = opts.rootRank == rank_;
-  return launch(
-      OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(scratch, sum); },
-      [host, scratch, root]() mutable {
-        if (!root) return;
-        for (size_t i = 0; i < host.size(); ++i) host[i].copy_(scratch[i]);
-      });
+  auto after = root ? copy_back(host, in) : std::function<void()>([in] {});
+  return launch(OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(in, o); }, std::move(after));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -590,18 +627,15 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                       outputs[0].scalar_type());
   }
   check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
-  // The list form runs as the flat form: one contiguous input (which also
-  // holds the PREMUL_SUM scaling) and a scratch output copied back.
+  // The list form runs as the flat form over one contiguous scratch input
+  // (scaled or widened as needed) and a scratch output copied back.
   std::vector<at::Tensor> flat;
-  for (const auto& t : to_host(inputs[0])) flat.push_back(t.reshape({-1}));
-  at::Tensor in = at::cat(flat);
+  for (const auto& t : host_view(inputs[0])) flat.push_back(t.reshape({-1}));
+  at::Tensor in = reduction_input(at::cat(flat), opts.reduceOp);
+  at::Tensor hostOut = host_view(outputs[0]);
+  at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
   ReduceScatterOptions o = opts;
-  if (is_premul(opts.reduceOp)) {
-    in.mul_(premul_factor(opts.reduceOp));
-    o.reduceOp = ReduceOp::SUM;
-  }
-  at::Tensor hostOut = to_host(outputs[0]);
-  at::Tensor out = at::empty({hostOut.numel()}, hostOut.options());
+  o.reduceOp = gloo_op(opts.reduceOp);
   return launch(
       OpType::REDUCE_SCATTER, opts.timeout, outputs, [&] { return gloo_->_reduce_scatter_base(out, in, o); },
       [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); });
@@ -610,32 +644,33 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const ReduceScatterOptions& opts) {
   check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
-  auto hostOut = to_host(output);
-  auto hostIn = to_host(input);
+  at::Tensor hostOut = host_view(output);
+  at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
+  at::Tensor out = in.scalar_type() == hostOut.scalar_type() ? hostOut : hostOut.to(in.scalar_type());
   ReduceScatterOptions o = opts;
-  if (is_premul(opts.reduceOp)) {
-    hostIn = premul_scratch({hostIn}, opts.reduceOp)[0];
-    o.reduceOp = ReduceOp::SUM;
-  }
-  return launch(
-      OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output},
-      [&] { return gloo_->_reduce_scatter_base(hostOut, hostIn, o); }, [hostIn]() {});
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output},
+                [&] { return gloo_->_reduce_scatter_base(out, in, o); }, copy_back({hostOut, in}, {out, in}));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const ReduceScatterOptions& opts) {
   check_reduction(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
-  auto hostOut = to_host(outputs);
-  auto hostIn = to_host(inputs);
-  ReduceScatterOptions o = opts;
-  if (is_premul(opts.reduceOp)) {
-    hostIn = premul_scratch(hostIn, opts.reduceOp);
-    o.reduceOp = ReduceOp::SUM;
+  auto hostOut = host_view(outputs);
+  auto in = reduction_input(host_view(inputs), opts.reduceOp);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < hostOut.size(); ++i) {
+    const auto dtype = i < in.size() ? in[i].scalar_type() : hostOut[i].scalar_type();
+    out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
   }
-  return launch(
-      OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, outputs,
-      [&] { return gloo_->reduce_scatter_tensor_coalesced(hostOut, hostIn, o); }, [hostIn]() {});
+  auto keep = in;
+  auto after = copy_back(hostOut, out);
+  ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, outputs,
+                [&] { return gloo_->reduce_scatter_tensor_coalesced(out, in, o); },
+                [after, keep]() { after(); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input,

@@ -75,6 +75,7 @@ class TORCH_API ProcessGroupNeuron : public Backend {
     const std::chrono::steady_clock::time_point start_;
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
+    std::atomic<bool> claimed_{false};  // set by the first completion
     c10::intrusive_ptr<Work> transport_;  // the Gloo work (abort, sourceRank)
     std::shared_ptr<std::atomic<ErrorType>> errorSink_;  // the group's getError()
   };
