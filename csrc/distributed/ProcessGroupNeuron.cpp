@@ -325,11 +325,20 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int ran
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, "ProcessGroupNeuron: transport is rank ",
               gloo_->getRank(), " of ", gloo_->getSize(), ", expected rank ", rank, " of ", size);
   if (!options_) options_ = Options::create();
+  const char* check = std::getenv("TORCH_NEURON_COLLECTIVE_CHECK");
+  checkAgreement_ = !(check && std::string(check) == "0");
   init();
 }
 
 ProcessGroupNeuron::~ProcessGroupNeuron() {
   shutdown();
+  if (aborted_.load()) {
+    // Destroying ProcessGroupGloo joins its workers, which sit in the aborted
+    // collectives until the transport's timeout: that would stall whoever
+    // drops the last reference (often Python, holding the GIL). An aborted
+    // group's transport is left to finish on its own and leaked.
+    (void)gloo_.release();
+  }
 }
 
 std::chrono::milliseconds ProcessGroupNeuron::effectiveTimeout(std::chrono::milliseconds opTimeout) const {
@@ -386,6 +395,87 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
   c10::intrusive_ptr<Work> transport = run();
   track(work, std::move(transport), std::move(after));
   return work;
+}
+
+void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
+                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
+                               const std::vector<int64_t>& outSplits) {
+  if (!checkAgreement_ || size_ == 1) return;
+  checkUsable();
+  const bool a2a = !inSplits.empty() || !outSplits.empty();
+  const int64_t width = 4 + 2 * static_cast<int64_t>(size_);
+  at::Tensor mine = at::zeros({width}, at::kLong);
+  int64_t* p = mine.data_ptr<int64_t>();
+  p[0] = static_cast<int64_t>(type);
+  p[1] = tensors.empty() ? -1 : static_cast<int64_t>(tensors[0].scalar_type());
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, numel) of every tensor
+  for (const auto& t : tensors) {
+    p[2] += t.numel();
+    hash = (hash ^ static_cast<uint64_t>(t.numel())) * 1099511628211ull;
+    hash = (hash ^ static_cast<uint64_t>(t.scalar_type())) * 1099511628211ull;
+  }
+  p[3] = static_cast<int64_t>(hash);
+  for (size_t i = 0; i < inSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + i] = inSplits[i];
+  for (size_t i = 0; i < outSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + size_ + i] = outSplits[i];
+
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
+  std::vector<at::Tensor> in{mine};
+  const auto timeout = effectiveTimeout(opTimeout);
+  const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
+                                    ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
+                                    ", timeout ", timeout.count(), " ms)");
+  AllgatherOptions ao;
+  ao.timeout = timeout;
+  try {
+    auto fut = gloo_->allgather(all, in, ao)->getFuture();
+    // Wait on the future, not the Gloo work: abort() must release this wait.
+    auto state = abortWaits_;
+    fut->addCallback([state](c10::ivalue::Future&) {
+      { std::lock_guard<std::mutex> lock(state->mutex); }
+      state->cv.notify_all();
+    });
+    {
+      std::unique_lock<std::mutex> lock(state->mutex);
+      const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
+                                           [&] { return fut->completed() || aborted_.load(); });
+      if (!fut->completed()) {
+        C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
+                                               : c10::str("timed out after ", timeout.count(), " ms"));
+      }
+    }
+    if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
+  } catch (...) {
+    const std::string msg = error_message(std::current_exception());
+    if (!aborted_.load()) note_error(*error_, classify(msg));
+    C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
+  }
+
+  auto row = [&](int r) { return all[0][r].data_ptr<int64_t>(); };
+  bool ok = true;
+  for (int r = 0; r < size_ && ok; ++r) {
+    const int64_t* q = row(r);
+    ok = q[0] == p[0] && q[1] == p[1] && (a2a || (q[2] == p[2] && q[3] == p[3]));
+  }
+  // all_to_all: what rank i sends to j is what j expects from i.
+  for (int i = 0; i < size_ && ok && a2a; ++i) {
+    for (int j = 0; j < size_ && ok; ++j) ok = row(i)[4 + j] == row(j)[4 + size_ + i];
+  }
+  if (ok) return;
+  std::string ranks;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* q = row(r);
+    ranks += c10::str("\n  rank ", r, ": ", opTypeToString(static_cast<OpType>(q[0])), " ",
+                      q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
+    if (a2a) {
+      ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
+                        join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
+    } else {
+      ranks += c10::str(", ", q[2], " elements");
+    }
+  }
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str(what, ": the ranks called mismatched collectives (op, dtype or sizes differ):", ranks));
 }
 
 void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
@@ -457,10 +547,12 @@ void ProcessGroupNeuron::abort() {
     pending_.clear();
   }
   for (auto& w : pending) w->abort();
-  try {
-    gloo_->abort();
-  } catch (...) {
+  {
+    std::lock_guard<std::mutex> lock(abortWaits_->mutex);
   }
+  abortWaits_->cv.notify_all();
+  // Gloo's own abort is not called: it has none for collectives, and the
+  // transport's queued works end on its timeout without holding callers.
   shutdown();
 }
 
@@ -524,6 +616,7 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
                                                        const BroadcastOptions& opts) {
+  agree(OpType::BROADCAST, opts.timeout, tensors);
   auto host = to_host(tensors);
   return launch(OpType::BROADCAST, opts.timeout, tensors, [&] { return gloo_->broadcast(host, opts); });
 }
@@ -531,6 +624,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce");
+  agree(OpType::ALLREDUCE, opts.timeout, tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   AllreduceOptions o = opts;
@@ -542,6 +636,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const AllreduceCoalescedOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce_coalesced");
+  agree(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   AllreduceCoalescedOptions o = opts;
@@ -552,6 +647,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at:
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "reduce");
+  agree(OpType::REDUCE, opts.timeout, tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   ReduceOptions o = opts;
@@ -565,6 +661,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const AllgatherOptions& opts) {
+  agree(OpType::ALLGATHER, opts.timeout, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::ALLGATHER, opts.timeout, flatten(outputs),
@@ -573,6 +670,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const AllgatherOptions& opts) {
+  agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
   return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
@@ -582,6 +680,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output,
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const AllgatherOptions& opts) {
+  agree(OpType::ALLGATHER_COALESCED, opts.timeout, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::ALLGATHER_COALESCED, opts.timeout, flatten(outputs),
@@ -591,6 +690,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const AllgatherOptions& opts) {
+  agree(OpType::COALESCED, opts.timeout, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::COALESCED, opts.timeout, outputs,
@@ -599,6 +699,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs, const GatherOptions& opts) {
+  agree(OpType::GATHER, opts.timeout, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::GATHER, opts.timeout, flatten(outputs),
@@ -608,6 +709,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::
 c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const ScatterOptions& opts) {
+  agree(OpType::SCATTER, opts.timeout, outputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::SCATTER, opts.timeout, outputs, [&] { return gloo_->scatter(hostOut, hostIn, opts); });
@@ -627,6 +729,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                       outputs[0].scalar_type());
   }
   check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
+  agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
   // The list form runs as the flat form over one contiguous scratch input
   // (scaled or widened as needed) and a scratch output copied back.
   std::vector<at::Tensor> flat;
@@ -644,6 +747,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const ReduceScatterOptions& opts) {
   check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
+  agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
   at::Tensor hostOut = host_view(output);
   at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
   at::Tensor out = in.scalar_type() == hostOut.scalar_type() ? hostOut : hostOut.to(in.scalar_type());
@@ -657,6 +761,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const ReduceScatterOptions& opts) {
   check_reduction(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  agree(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, inputs);
   auto hostOut = host_view(outputs);
   auto in = reduction_input(host_view(inputs), opts.reduceOp);
   std::vector<at::Tensor> out;
@@ -677,6 +782,14 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& outputSplits,
                                                            std::vector<int64_t>& inputSplits,
                                                            const AllToAllOptions& opts) {
+  // Splits in elements (dimension-0 rows times row size; none = equal).
+  auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    const int64_t row = t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+    std::vector<int64_t> out;
+    for (int r = 0; r < size_; ++r) out.push_back(splits.empty() ? t.numel() / size_ : splits.at(r) * row);
+    return out;
+  };
+  agree(OpType::ALLTOALL_BASE, opts.timeout, {input}, elements(input, inputSplits), elements(output, outputSplits));
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
   return launch(OpType::ALLTOALL_BASE, opts.timeout, {output},
@@ -688,6 +801,12 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
   TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
                     "neuron backend: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
                     " and ", outputs.size());
+  {
+    std::vector<int64_t> in, out;
+    for (const auto& t : inputs) in.push_back(t.numel());
+    for (const auto& t : outputs) out.push_back(t.numel());
+    agree(OpType::ALLTOALL, opts.timeout, {inputs.at(0)}, in, out);
+  }
   // The list form runs as the flat form over one contiguous buffer each way.
   std::vector<at::Tensor> flatIn;
   std::vector<int64_t> inSplits, outSplits;

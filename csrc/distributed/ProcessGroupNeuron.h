@@ -140,6 +140,12 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   c10::intrusive_ptr<Work> launch(OpType type, std::chrono::milliseconds opTimeout, std::vector<at::Tensor> outputs,
                                   const std::function<c10::intrusive_ptr<Work>()>& run,
                                   std::function<void()> after = {});
+  // Before a collective, the ranks compare what they pass (op, dtype, sizes;
+  // all_to_all splits pairwise) over one small allgather, and all raise the
+  // same error on a mismatch: Gloo would abort the process or move garbage.
+  // TORCH_NEURON_COLLECTIVE_CHECK=0 turns it off (saves a round trip).
+  void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
+             const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {});
   void track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
              std::function<void()> after);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
@@ -152,6 +158,13 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   std::shared_ptr<std::atomic<ErrorType>> error_ = std::make_shared<std::atomic<ErrorType>>(ErrorType::SUCCESS);
   std::atomic<bool> aborted_{false};
   std::atomic<bool> shutdown_{false};
+  bool checkAgreement_ = true;
+  // Callers blocked in agree() wait here; abort() wakes them.
+  struct WaitState {
+    std::mutex mutex;
+    std::condition_variable cv;
+  };
+  std::shared_ptr<WaitState> abortWaits_ = std::make_shared<WaitState>();
 
   // Works still in flight, so abort() can fail them at once.
   std::mutex pendingMutex_;
