@@ -1,0 +1,178 @@
+"""The upstream stack on the neuron backend, tiny models, world 2 (torchrun).
+
+Each job computes the reference in the same process: DDP against DDP on CPU
+Gloo; FSDP2, DTensor TP and Transformers TP against the same model run
+unsharded on CPU in one process.
+"""
+import pytest
+
+from _common import torchrun
+
+pytestmark = pytest.mark.distributed
+
+PRELUDE = """
+import os, torch, torch.distributed as dist
+# Bound to the rank's device (as Transformers and DeviceMesh users do); the
+# DDP job makes a Gloo group, which a neuron-bound default group cannot.
+bind = {"device_id": torch.device("neuron", int(os.environ["LOCAL_RANK"]))} if BIND else {}
+dist.init_process_group("neuron", **bind)
+rank, world = dist.get_rank(), dist.get_world_size()
+dev = torch.device("neuron", rank)
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+def batch(step, r):
+    g = torch.Generator().manual_seed(100 * step + r)
+    return torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+"""
+
+
+def run(script, timeout=240, bind=True):
+    proc, _ = torchrun(f"BIND = {bind}\n" + PRELUDE + script, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("OK") == 2, proc.stdout[-3000:]
+
+
+def test_ddp_loss_parity_with_cpu_gloo():
+    run("""
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(mlp().to(dev), device_ids=[rank])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+for step in range(3):
+    x, y = batch(step, rank)
+    loss = torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev))
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(loss.item())
+dist.barrier()
+# The same training on CPU tensors over a plain Gloo group.
+gloo = dist.new_group(backend="gloo")
+ref = DDP(mlp(), process_group=gloo)
+ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+ref_losses = []
+for step in range(3):
+    x, y = batch(step, rank)
+    loss = torch.nn.functional.mse_loss(ref(x), y)
+    ropt.zero_grad(); loss.backward(); ropt.step()
+    ref_losses.append(loss.item())
+torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+for p, q in zip(model.parameters(), ref.parameters()):
+    torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+print("OK", rank, losses)
+dist.destroy_process_group()
+""", bind=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fsdp2_fully_shard(dtype):
+    run(f"""
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+mesh = init_device_mesh("neuron", (world,))
+param_dtype = getattr(torch, "{dtype}")
+mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+model = mlp().to(dev)
+for layer in (model[0], model[2]):
+    fully_shard(layer, mesh=mesh, mp_policy=mp)
+fully_shard(model, mesh=mesh, mp_policy=mp)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+# Reference: the unsharded model on CPU with the whole global batch (the
+# mean over both ranks' data, which is what FSDP's averaged gradient means).
+ref = mlp()
+if param_dtype != torch.float32:
+    ref_low = mlp().to(param_dtype)
+ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+losses, ref_losses = [], []
+for step in range(3):
+    x, y = batch(step, rank)
+    loss = torch.nn.functional.mse_loss(model(x.to(dev)).float(), y.to(dev))
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(loss.item())
+    xs = torch.cat([batch(step, r)[0] for r in range(world)])
+    ys = torch.cat([batch(step, r)[1] for r in range(world)])
+    if param_dtype != torch.float32:
+        # bf16 compute with fp32 master weights, as the policy prescribes.
+        ref_low.load_state_dict({{k: v.to(param_dtype) for k, v in ref.state_dict().items()}})
+        out = ref_low(xs.to(param_dtype)).float()
+        full = torch.nn.functional.mse_loss(out, ys)
+        ref_low.zero_grad(); full.backward()
+        for p, q in zip(ref.parameters(), ref_low.parameters()):
+            p.grad = q.grad.float()
+        mine = torch.nn.functional.mse_loss(out[rank * 4:(rank + 1) * 4].detach(), ys[rank * 4:(rank + 1) * 4])
+    else:
+        out = ref(xs)
+        full = torch.nn.functional.mse_loss(out, ys)
+        ropt.zero_grad(); full.backward()
+        mine = torch.nn.functional.mse_loss(out[rank * 4:(rank + 1) * 4].detach(), ys[rank * 4:(rank + 1) * 4])
+    ropt.step()
+    ref_losses.append(mine.item())
+tol = dict(rtol=1e-5, atol=1e-6) if param_dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **tol)
+for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    full = p.full_tensor().cpu()
+    assert full.dtype == torch.float32, (name, full.dtype)
+    torch.testing.assert_close(full, q.detach(), **tol)
+print("OK", rank, losses)
+dist.destroy_process_group()
+""")
+
+
+def test_dtensor_colwise_rowwise_tp():
+    run("""
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+mesh = init_device_mesh("neuron", (world,))
+model = parallelize_module(mlp().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+ref = mlp()
+x, y = batch(0, 0)  # TP: every rank sees the same batch
+out = model(x.to(dev))
+loss = torch.nn.functional.mse_loss(out, y.to(dev))
+loss.backward()
+rout = ref(x)
+rloss = torch.nn.functional.mse_loss(rout, y)
+rloss.backward()
+assert out.device == dev
+torch.testing.assert_close(out.detach().cpu(), rout.detach(), rtol=1e-5, atol=1e-6)
+for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    torch.testing.assert_close(p.grad.full_tensor().cpu(), q.grad, rtol=1e-5, atol=1e-6, msg=name)
+print("OK", rank)
+dist.destroy_process_group()
+""")
+
+
+def test_transformers_tp2_logits_match_cpu(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    proc, _ = torchrun(f"""
+import os, torch, torch.distributed as dist
+from transformers import LlamaForCausalLM
+from transformers.distributed import DistributedConfig
+path = {str(tmp_path)!r}
+ids = torch.arange(1, 17).reshape(2, 8) % 128
+ref = LlamaForCausalLM.from_pretrained(path).eval()
+with torch.no_grad():
+    ref_logits = ref(ids).logits
+model = LlamaForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_size=2)).eval()
+rank = dist.get_rank()
+assert dist.group.WORLD._get_backend(torch.device("neuron")).name() == "neuron"
+# Really sharded: each rank holds half of q_proj's output features.
+w = model.model.layers[0].self_attn.q_proj.weight
+local = w.to_local() if hasattr(w, "to_local") else w
+assert local.shape[0] == ref.model.layers[0].self_attn.q_proj.weight.shape[0] // 2, local.shape
+assert local.device == torch.device("neuron", rank), local.device
+with torch.no_grad():
+    logits = model(ids.to(model.device)).logits
+assert logits.device == torch.device("neuron", rank), logits.device
+torch.testing.assert_close(logits.cpu(), ref_logits, rtol=1e-4, atol=1e-4)
+print("OK", rank)
+dist.destroy_process_group()
+""", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("OK") == 2, proc.stdout[-3000:]
