@@ -325,7 +325,7 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int ran
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, "ProcessGroupNeuron: transport is rank ",
               gloo_->getRank(), " of ", gloo_->getSize(), ", expected rank ", rank, " of ", size);
   if (!options_) options_ = Options::create();
-  const char* check = std::getenv("TORCH_NEURON_COLLECTIVE_CHECK");
+  const char* check = std::getenv("TORCH_NEURONX_COLLECTIVE_CHECK");
   checkAgreement_ = !(check && std::string(check) == "0");
   init();
 }

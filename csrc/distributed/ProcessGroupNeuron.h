@@ -143,7 +143,7 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   // Before a collective, the ranks compare what they pass (op, dtype, sizes;
   // all_to_all splits pairwise) over one small allgather, and all raise the
   // same error on a mismatch: Gloo would abort the process or move garbage.
-  // TORCH_NEURON_COLLECTIVE_CHECK=0 turns it off (saves a round trip).
+  // TORCH_NEURONX_COLLECTIVE_CHECK=0 turns it off (saves a round trip).
   void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
              const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {});
   void track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,

@@ -104,7 +104,7 @@ threading.Timer(0.5, dist.distributed_c10d._abort_process_group).start()
 attempt("all_reduce", lambda: dist.all_reduce(torch.ones(4, device=dev), async_op=True).wait())
 attempt("after_abort", lambda: dist.all_reduce(torch.ones(4, device=dev)))
 os._exit(0)
-""", timeout=60, env={"TORCH_NEURON_COLLECTIVE_CHECK": check})
+""", timeout=60, env={"TORCH_NEURONX_COLLECTIVE_CHECK": check})
     assert proc.returncode == 0, proc.stderr[-4000:]
     first, after = results(proc)
     assert first["error"] == "DistBackendError", first
