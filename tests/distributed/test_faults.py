@@ -4,7 +4,7 @@ and timeout; abort() releases waiters at once; mismatched collectives raise
 on every rank (Gloo alone aborts the process or moves garbage).
 
 Each case is a torchrun job (world 2) with a 3 s group timeout; rank 0
-reports JSON lines that the test checks, plus exit codes and elapsed times.
+write JSON lines that the test checks, plus exit codes and elapsed times.
 """
 import json
 
@@ -31,15 +31,26 @@ def attempt(name, fn):
         err, msg = None, ""
     except Exception as e:
         err, msg = type(e).__name__, str(e)
-    print("RESULT " + json.dumps({{"rank": rank, "op": name, "error": err, "msg": msg[:2000],
-                                   "elapsed": time.monotonic() - start}}), flush=True)
+    # One file per rank: the ranks' stdout lines interleave.
+    with open(os.environ["FAULT_RESULTS"] + f".{{rank}}", "a") as f:
+        f.write(json.dumps({{"rank": rank, "op": name, "error": err, "msg": msg[:2000],
+                            "elapsed": time.monotonic() - start}}) + "\\n")
 """
 
 
-def results(proc):
-    out = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+def job(script, tmp_path, timeout, env=None):
+    """Runs the PRELUDE + script job; returns (proc, results of rank 0 then rank 1)."""
+    base = str(tmp_path / "results")
+    proc, _ = torchrun(PRELUDE + script, timeout=timeout, env={"FAULT_RESULTS": base, **(env or {})})
+    out = []
+    for rank in (0, 1):
+        try:
+            with open(f"{base}.{rank}") as f:
+                out += [json.loads(line) for line in f]
+        except FileNotFoundError:
+            pass
     assert out, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return out
+    return proc, out
 
 
 def assert_names_the_failure(r, op_name):
@@ -48,8 +59,8 @@ def assert_names_the_failure(r, op_name):
         assert needle in msg, (needle, msg)
 
 
-def test_peer_hangs():
-    proc, _ = torchrun(PRELUDE + """
+def test_peer_hangs(tmp_path):
+    proc, rs = job("""
 dist.all_reduce(torch.ones(2, device=dev))  # both ranks are up
 if rank == 1:
     time.sleep(4 * (TIMEOUT + 1) + 2)  # hung peer; exits cleanly later
@@ -60,9 +71,8 @@ attempt("barrier", lambda: dist.barrier())
 attempt("all_reduce_async_wait", lambda: dist.all_reduce(torch.ones(4, device=dev), async_op=True).wait())
 print("ERROR_TYPE", dist.group.WORLD._get_backend(dev).get_error(), flush=True)
 os._exit(0)
-""", timeout=90)
+""", tmp_path, timeout=90)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rs = results(proc)
     assert [r["op"] for r in rs] == ["all_reduce", "broadcast", "barrier", "all_reduce_async_wait"]
     for r, op in zip(rs, ["ALLREDUCE", "BROADCAST", "BARRIER", "ALLREDUCE"]):
         assert r["error"] == "DistBackendError", r
@@ -72,8 +82,8 @@ os._exit(0)
     assert "ERROR_TYPE 1" in proc.stdout
 
 
-def test_peer_exits():
-    proc, _ = torchrun(PRELUDE + """
+def test_peer_exits(tmp_path):
+    proc, rs = job("""
 dist.all_reduce(torch.ones(2, device=dev))
 if rank == 1:
     os._exit(0)
@@ -81,9 +91,8 @@ time.sleep(0.5)
 attempt("all_reduce", lambda: dist.all_reduce(torch.ones(4, device=dev)))
 attempt("all_gather", lambda: dist.all_gather_into_tensor(torch.empty(8, device=dev), torch.ones(4, device=dev)))
 os._exit(0)
-""", timeout=60)
+""", tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rs = results(proc)
     assert len(rs) == 2
     for r in rs:
         assert r["error"] == "DistBackendError", r
@@ -92,10 +101,10 @@ os._exit(0)
 
 
 @pytest.mark.parametrize("check", ["1", "0"], ids=["blocked_in_launch", "pending_work"])
-def test_abort_releases_waiters(check):
+def test_abort_releases_waiters(check, tmp_path):
     # check=1: the caller waits in the pre-collective argument check;
     # check=0: the collective is queued and the caller waits on its Work.
-    proc, _ = torchrun(PRELUDE + """
+    proc, rs = job("""
 dist.all_reduce(torch.ones(2, device=dev))
 if rank == 1:
     time.sleep(TIMEOUT + 4)
@@ -104,17 +113,17 @@ threading.Timer(0.5, dist.distributed_c10d._abort_process_group).start()
 attempt("all_reduce", lambda: dist.all_reduce(torch.ones(4, device=dev), async_op=True).wait())
 attempt("after_abort", lambda: dist.all_reduce(torch.ones(4, device=dev)))
 os._exit(0)
-""", timeout=60, env={"TORCH_NEURONX_COLLECTIVE_CHECK": check})
+""", tmp_path, timeout=60, env={"TORCH_NEURONX_COLLECTIVE_CHECK": check})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    first, after = results(proc)
+    first, after = rs
     assert first["error"] == "DistBackendError", first
     assert first["elapsed"] < 1.5, first  # released by abort, not by the 3 s timeout
     assert "abort" in first["msg"], first
     assert after["error"] is not None and after["elapsed"] < 1, after
 
 
-def test_mismatched_collectives_raise_on_every_rank():
-    proc, _ = torchrun(PRELUDE + """
+def test_mismatched_collectives_raise_on_every_rank(tmp_path):
+    proc, rs = job("""
 attempt("shape", lambda: dist.all_reduce(torch.ones(4 if rank == 0 else 8, device=dev)))
 attempt("dtype", lambda: dist.all_reduce(torch.ones(4, device=dev, dtype=torch.float32 if rank == 0 else torch.int32)))
 attempt("broadcast_shape", lambda: dist.broadcast(torch.ones(4 if rank == 0 else 5, device=dev), src=0))
@@ -128,9 +137,8 @@ t = torch.full((4,), float(rank + 1), device=dev)
 attempt("after", lambda: dist.all_reduce(t))
 print("SUM", t.cpu().tolist(), flush=True)
 dist.destroy_process_group()
-""", timeout=60)
+""", tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rs = results(proc)
     for rank in (0, 1):
         mine = {r["op"]: r for r in rs if r["rank"] == rank}
         for op in ("shape", "dtype", "broadcast_shape", "op", "all_to_all_splits"):
