@@ -119,6 +119,29 @@ dist.destroy_process_group()
 """)
 
 
+def test_fsdp2_gradient_divide_factor():
+    # A custom divide factor makes FSDP2 reduce-scatter with PREMUL_SUM(1/factor).
+    run("""
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+mesh = init_device_mesh("neuron", (world,))
+model = mlp().to(dev)
+fully_shard(model, mesh=mesh)
+model.set_gradient_divide_factor(8.0)
+x, y = batch(0, rank)
+torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
+# Reference: sum over ranks of each rank's local gradient, divided by 8.
+ref = mlp()
+for r in range(world):
+    xr, yr = batch(0, r)
+    torch.nn.functional.mse_loss(ref(xr), yr).backward()
+for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    torch.testing.assert_close(p.grad.full_tensor().cpu(), q.grad / 8.0, rtol=1e-5, atol=1e-6, msg=name)
+print("OK", rank)
+dist.destroy_process_group()
+""")
+
+
 def test_dtensor_colwise_rowwise_tp():
     run("""
 from torch.distributed.device_mesh import init_device_mesh
@@ -174,5 +197,60 @@ torch.testing.assert_close(logits.cpu(), ref_logits, rtol=1e-4, atol=1e-4)
 print("OK", rank)
 dist.destroy_process_group()
 """, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("OK") == 2, proc.stdout[-3000:]
+
+
+def test_accelerate_launch_multi_neuron(tmp_path):
+    """accelerate launch --multi_gpu picks MULTI_NEURON and backend "neuron";
+    each process gets neuron:LOCAL_RANK without set_device (the launcher
+    default device), prepare() wraps the model in DDP, reduce/gather work."""
+    import os
+    import subprocess
+    import sys
+
+    from _common import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text("""
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+acc = Accelerator()
+assert acc.state.distributed_type == DistributedType.MULTI_NEURON, acc.state.distributed_type
+assert acc.state.backend == "neuron", acc.state.backend
+rank = acc.process_index
+assert acc.device == torch.device("neuron", acc.local_process_index), acc.device
+assert torch.neuron.current_device() == acc.local_process_index
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+ref = torch.nn.Linear(4, 2)
+ref.load_state_dict(model.state_dict())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = acc.prepare(model, opt)
+assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+x = torch.arange(8.0).reshape(2, 4) * (rank + 1)
+acc.backward(model(x.to(acc.device)).sum())
+xs = torch.cat([torch.arange(8.0).reshape(2, 4) * (r + 1) for r in range(acc.num_processes)])
+ref(xs).sum().backward()
+torch.testing.assert_close(model.module.weight.grad.cpu(), ref.weight.grad / acc.num_processes)
+g = acc.gather(torch.tensor([float(rank)], device=acc.device))
+assert g.cpu().tolist() == [0.0, 1.0], g
+r = acc.reduce(torch.tensor([float(rank + 1)], device=acc.device), reduction="sum")
+assert r.cpu().tolist() == [3.0], r
+acc.wait_for_everyone()
+print("OK", rank, flush=True)
+acc.end_training()
+""")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["HF_HOME"] = str(tmp_path / "hf")  # no user accelerate config
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert proc.stdout.count("OK") == 2, proc.stdout[-3000:]
