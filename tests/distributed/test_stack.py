@@ -254,3 +254,39 @@ acc.end_training()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert proc.stdout.count("OK") == 2, proc.stdout[-3000:]
+
+
+def test_2d_mesh_world4():
+    """A (2, 2) DeviceMesh ("fsdp", "tp") on 4 NeuronCores: per-dimension
+    groups come from split() (each called once per bound device type), a
+    flattened dimension, and a DTensor sharded on one dimension and
+    replicated on the other."""
+    proc, _ = torchrun("""
+import os, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+local = int(os.environ["LOCAL_RANK"])
+dist.init_process_group("neuron", device_id=torch.device("neuron", local))
+rank = dist.get_rank()
+mesh = init_device_mesh("neuron", (2, 2), mesh_dim_names=("fsdp", "tp"))
+for name in ("fsdp", "tp"):
+    group = mesh[name].get_group()
+    ranks = dist.get_process_group_ranks(group)
+    t = torch.full((3,), float(rank + 1), device="neuron")
+    dist.all_reduce(t, group=group)
+    torch.testing.assert_close(t.cpu(), torch.full((3,), float(sum(r + 1 for r in ranks))), msg=name)
+flat = mesh._flatten("dp")
+t = torch.full((2,), float(rank + 1), device="neuron")
+dist.all_reduce(t, group=flat.get_group())
+torch.testing.assert_close(t.cpu(), torch.full((2,), 10.0))
+torch.manual_seed(0)
+full = torch.randn(8, 4)
+d = distribute_tensor(full.to("neuron"), mesh, [Shard(0), Replicate()])
+assert d.to_local().shape == (4, 4) and d.to_local().device == torch.device("neuron", local)
+torch.testing.assert_close(d.full_tensor().cpu(), full)
+torch.testing.assert_close(d.redistribute(mesh, [Replicate(), Shard(1)]).full_tensor().cpu(), full)
+print("OK", rank)
+dist.destroy_process_group()
+""", nproc=4, timeout=300, env={"NEURON_RT_NUM_CORES": "4"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("OK") == 4, proc.stdout[-3000:]
