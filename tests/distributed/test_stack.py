@@ -165,14 +165,20 @@ dist.destroy_process_group()
 """)
 
 
-def test_transformers_tp2_logits_match_cpu(tmp_path):
+def _tiny_llama(path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    LlamaForCausalLM(config).save_pretrained(path)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "tp2_fsdp2"])
+def test_transformers_distributed_config_logits_match_cpu(tmp_path, layout):
+    _tiny_llama(tmp_path)
+    tp, fsdp, nproc = (2, 1, 2) if layout == "tp2" else (2, 2, 4)
     proc, _ = torchrun(f"""
 import os, torch, torch.distributed as dist
 from transformers import LlamaForCausalLM
@@ -182,23 +188,25 @@ ids = torch.arange(1, 17).reshape(2, 8) % 128
 ref = LlamaForCausalLM.from_pretrained(path).eval()
 with torch.no_grad():
     ref_logits = ref(ids).logits
-model = LlamaForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_size=2)).eval()
-rank = dist.get_rank()
+cfg = DistributedConfig(tp_size={tp}, **({{"fsdp_size": {fsdp}}} if {fsdp} > 1 else {{}}))
+model = LlamaForCausalLM.from_pretrained(path, distributed_config=cfg).eval()
+rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
 assert dist.group.WORLD._get_backend(torch.device("neuron")).name() == "neuron"
 # Really sharded: each rank holds half of q_proj's output features.
 w = model.model.layers[0].self_attn.q_proj.weight
-local = w.to_local() if hasattr(w, "to_local") else w
-assert local.shape[0] == ref.model.layers[0].self_attn.q_proj.weight.shape[0] // 2, local.shape
-assert local.device == torch.device("neuron", rank), local.device
+shard = w.to_local() if hasattr(w, "to_local") else w
+assert shard.shape[0] <= ref.model.layers[0].self_attn.q_proj.weight.shape[0] // 2, shard.shape
+assert shard.device == torch.device("neuron", local), shard.device
 with torch.no_grad():
-    logits = model(ids.to(model.device)).logits
-assert logits.device == torch.device("neuron", rank), logits.device
+    logits = model(ids.to(torch.device("neuron", local))).logits
+logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+assert logits.device == torch.device("neuron", local), logits.device
 torch.testing.assert_close(logits.cpu(), ref_logits, rtol=1e-4, atol=1e-4)
 print("OK", rank)
 dist.destroy_process_group()
-""", timeout=300)
+""", nproc=nproc, timeout=300, env={"NEURON_RT_NUM_CORES": str(nproc)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert proc.stdout.count("OK") == 2, proc.stdout[-3000:]
+    assert proc.stdout.count("OK") == nproc, proc.stdout[-3000:]
 
 
 def test_accelerate_launch_multi_neuron(tmp_path):
