@@ -298,3 +298,28 @@ dist.destroy_process_group()
 """, nproc=4, timeout=300, env={"NEURON_RT_NUM_CORES": "4"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert proc.stdout.count("OK") == 4, proc.stdout[-3000:]
+
+
+def test_compiled_functional_collectives():
+    """torch.compile(backend="neuron") of functional collectives: compiled
+    results equal eager and the expected reductions."""
+    run("""
+import torch.distributed._functional_collectives as funcol
+def f(x):
+    s = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    g = funcol.all_gather_tensor(x + 1, 0, dist.group.WORLD)
+    r = funcol.reduce_scatter_tensor(g * 3, "sum", 0, dist.group.WORLD)
+    return s + 1, g, r
+x = torch.arange(4.0, device=dev) + 10 * rank
+eager = f(x)
+compiled = torch.compile(f, backend="neuron")(x)
+xs = [torch.arange(4.0) + 10 * r for r in range(world)]
+expected = (sum(2 * v for v in xs) + 1, torch.cat([v + 1 for v in xs]),
+            (torch.cat([v + 1 for v in xs]) * 3 * world)[4 * rank:4 * (rank + 1)])
+for e, c, want in zip(eager, compiled, expected):
+    assert c.device == dev, c.device
+    torch.testing.assert_close(c.cpu(), e.cpu())
+    torch.testing.assert_close(c.cpu(), want)
+print("OK", rank)
+dist.destroy_process_group()
+""")
