@@ -180,6 +180,24 @@ class TestNeuronCollectives(NeuronDistTestCase):
             assert torch.equal(t, ref)
         fails.check("all_reduce on cpu tensors", cpu_tensors)
 
+        # Complex is not a neuron dtype; on cpu tensors the backend reduces
+        # SUM/AVG as Gloo does and moves it as bytes; MAX is refused (by
+        # torch.distributed itself, before the backend).
+        def complex_cpu():
+            x = torch.randn(6, dtype=torch.complex64, generator=torch.Generator().manual_seed(5 + rank))
+            for op in (R.SUM, R.AVG):
+                t, ref = x.clone(), x.clone()
+                dist.all_reduce(t, op=op)
+                dist.all_reduce(ref, op=op, group=gloo)
+                assert torch.equal(t, ref), op
+            with self.assertRaisesRegex((TypeError, ValueError), "complex"):
+                dist.all_reduce(x.clone(), op=R.MAX)
+            t, ref = x.clone(), x.clone()
+            dist.broadcast(t, src=1)
+            dist.broadcast(ref, src=1, group=gloo)
+            assert torch.equal(t, ref)
+        fails.check("complex on cpu tensors", complex_cpu)
+
         # Error messages name the problem.
         def messages():
             with self.assertRaisesRegex(TypeError, "integer average"):
