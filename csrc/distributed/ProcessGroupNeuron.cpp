@@ -5,6 +5,8 @@
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <iostream>
 
 #include "csrc/aten/HostExecution.h"
 
@@ -262,7 +264,13 @@ void ProcessGroupNeuron::WorkNeuron::complete(std::exception_ptr error, const st
     }
   }
   if (error) {
-    note_error(*errorSink_, classify(error_message(error)));
+    const auto kind = classify(error_message(error));
+    note_error(*errorSink_, kind);
+    if (kind == ErrorType::TIMEOUT && watchdog_) {
+      std::lock_guard<std::mutex> lock(watchdog_->mutex);
+      watchdog_->timedOut.push_back(describe_);
+      watchdog_->cv.notify_all();
+    }
     error = wrap(error, "failed: ");
   }
   // The future first: whoever wait() releases may read it at once.
@@ -327,6 +335,12 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int ran
   if (!options_) options_ = Options::create();
   const char* check = std::getenv("TORCH_NEURONX_COLLECTIVE_CHECK");
   checkAgreement_ = !(check && std::string(check) == "0");
+  if (const char* mode = std::getenv("TORCH_NEURONX_ASYNC_ERROR_HANDLING")) {
+    const std::string m(mode);
+    TORCH_CHECK_VALUE(m == "0" || m == "1" || m == "2" || m == "3",
+                      "TORCH_NEURONX_ASYNC_ERROR_HANDLING must be 0, 1, 2 or 3, got '", m, "'");
+    errorHandling_ = std::stoi(m);
+  }
   init();
 }
 
@@ -389,6 +403,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
                                   " ms)");
   auto work = c10::make_intrusive<WorkNeuron>(rank_, type, seq, std::move(describe), timeout, std::move(outputs),
                                               std::move(devices), error_);
+  work->watchdog_ = watchdog_;
   // Streams: kernel launches are synchronous today, so the inputs are ready
   // here. Once they are asynchronous, record an event on the current stream
   // and let the transport wait for it before touching the buffers.
@@ -440,6 +455,10 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
       const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
                                            [&] { return fut->completed() || aborted_.load(); });
       if (!fut->completed()) {
+        if (!done) {
+          lock.unlock();
+          handleTimeout(what);
+        }
         C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
                                                : c10::str("timed out after ", timeout.count(), " ms"));
       }
@@ -483,6 +502,7 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
   work->transport_ = transport;
   {
     std::lock_guard<std::mutex> lock(pendingMutex_);
+    if (!watchdogThread_.joinable()) watchdogThread_ = std::thread(&ProcessGroupNeuron::watchdogLoop, this);
     if (pending_.size() >= 64) {
       std::erase_if(pending_, [](const auto& w) {
         auto p = w.lock();
@@ -536,6 +556,47 @@ void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) 
   }
 }
 
+void ProcessGroupNeuron::handleTimeout(const std::string& what) {
+  note_error(*error_, ErrorType::TIMEOUT);
+  if (errorHandling_ == 0) return;
+  const bool exitProcess = errorHandling_ == 1 || errorHandling_ == 3;
+  std::cerr << what << " timed out; TORCH_NEURONX_ASYNC_ERROR_HANDLING=" << errorHandling_
+            << (exitProcess ? ": exiting the process" : ": aborting the process group")
+            << " (set it to 0 to only raise DistBackendError)" << std::endl;
+  if (errorHandling_ == 1 || errorHandling_ == 2) abort();
+  if (exitProcess) std::_Exit(1);  // no cleanup: other threads may be stuck in the transport
+}
+
+void ProcessGroupNeuron::watchdogLoop() {
+  c10::setThreadName("pt_neuron_watch");
+  auto dog = watchdog_;
+  while (true) {
+    std::deque<std::string> reported;
+    {
+      std::unique_lock<std::mutex> lock(dog->mutex);
+      dog->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return dog->stop || !dog->timedOut.empty(); });
+      if (dog->stop) return;
+      reported.swap(dog->timedOut);
+    }
+    for (const auto& what : reported) handleTimeout(what);
+    std::vector<c10::intrusive_ptr<WorkNeuron>> late;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(pendingMutex_);
+      for (auto& w : pending_) {
+        auto p = w.lock();
+        if (p && !p->isCompleted() && now > p->start_ + p->timeout_) late.push_back(std::move(p));
+      }
+    }
+    for (auto& w : late) {
+      w->complete(std::make_exception_ptr(c10::DistBackendError(
+                      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                      c10::str("timed out: not completed after ", w->timeout_.count(), " ms"))),
+                  {});  // queues the timeout for the next round
+    }
+  }
+}
+
 void ProcessGroupNeuron::abort() {
   aborted_ = true;
   std::vector<c10::intrusive_ptr<WorkNeuron>> pending;
@@ -558,6 +619,19 @@ void ProcessGroupNeuron::abort() {
 
 void ProcessGroupNeuron::shutdown() {
   if (shutdown_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(watchdog_->mutex);
+    watchdog_->stop = true;
+  }
+  watchdog_->cv.notify_all();
+  if (watchdogThread_.joinable()) {
+    // abort() may run on the watchdog itself (error handling 1 and 2).
+    if (watchdogThread_.get_id() == std::this_thread::get_id()) {
+      watchdogThread_.detach();
+    } else {
+      watchdogThread_.join();
+    }
+  }
   bool blocked = false;
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);

@@ -43,6 +43,15 @@ class TORCH_API ProcessGroupNeuron : public Backend {
     c10::intrusive_ptr<Options> clone() const { return c10::make_intrusive<Options>(*this); }
   };
 
+  // Watchdog state: it fails works nobody waits on once their timeout has
+  // passed, and handles timeouts the transport reported (works queue those).
+  struct Watchdog {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool stop = false;
+    std::deque<std::string> timedOut;  // descriptions of works that timed out
+  };
+
   // One collective. Completes when the Gloo work under it completes (see
   // Completion in the .cpp); its future carries the output tensors on their
   // own (neuron) device.
@@ -78,6 +87,7 @@ class TORCH_API ProcessGroupNeuron : public Backend {
     std::atomic<bool> claimed_{false};  // set by the first completion
     c10::intrusive_ptr<Work> transport_;  // the Gloo work (abort, sourceRank)
     std::shared_ptr<std::atomic<ErrorType>> errorSink_;  // the group's getError()
+    std::shared_ptr<Watchdog> watchdog_;  // told about transport timeouts
   };
 
   ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size, c10::intrusive_ptr<Options> options);
@@ -159,6 +169,17 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> shutdown_{false};
   bool checkAgreement_ = true;
+
+  // TORCH_NEURONX_ASYNC_ERROR_HANDLING, as TORCH_NCCL_ASYNC_ERROR_HANDLING:
+  // what a collective timeout does besides failing the work. 0 nothing,
+  // 1 abort the group and exit, 2 abort the group, 3 exit (default: a
+  // launcher such as torchrun can then restart the job).
+  int errorHandling_ = 3;
+  void handleTimeout(const std::string& what);
+
+  std::shared_ptr<Watchdog> watchdog_ = std::make_shared<Watchdog>();
+  std::thread watchdogThread_;
+  void watchdogLoop();
   // Callers blocked in agree() wait here; abort() wakes them.
   struct WaitState {
     std::mutex mutex;

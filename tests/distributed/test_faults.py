@@ -71,7 +71,7 @@ attempt("barrier", lambda: dist.barrier())
 attempt("all_reduce_async_wait", lambda: dist.all_reduce(torch.ones(4, device=dev), async_op=True).wait())
 print("ERROR_TYPE", dist.group.WORLD._get_backend(dev).get_error(), flush=True)
 os._exit(0)
-""", tmp_path, timeout=90)
+""", tmp_path, timeout=90, env={"TORCH_NEURONX_ASYNC_ERROR_HANDLING": "0"})  # raise, do not exit
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert [r["op"] for r in rs] == ["all_reduce", "broadcast", "barrier", "all_reduce_async_wait"]
     for r, op in zip(rs, ["ALLREDUCE", "BROADCAST", "BARRIER", "ALLREDUCE"]):
@@ -147,3 +147,32 @@ dist.destroy_process_group()
             assert mine[op]["elapsed"] < 2, mine[op]
         assert mine["after"]["error"] is None, mine["after"]
     assert "float32 x" not in proc.stdout and proc.stdout.count("SUM [3.0, 3.0, 3.0, 3.0]") == 2
+
+
+@pytest.mark.parametrize("check", ["1", "0"], ids=["blocked_in_launch", "unwaited_work"])
+def test_timeout_exits_process_by_default(check, tmp_path):
+    """TORCH_NEURONX_ASYNC_ERROR_HANDLING defaults to 3 (as NCCL's): a
+    collective that times out, even one nobody waits on, ends the process
+    with exit code 1 shortly after its timeout, so a launcher can restart
+    the job instead of hanging."""
+    import time
+
+    stamp = tmp_path / "launched"
+    proc, _ = torchrun(PRELUDE + f"""
+dist.all_reduce(torch.ones(2, device=dev))
+if rank == 1:
+    time.sleep(TIMEOUT + 8)
+    os._exit(0)
+open({str(stamp)!r}, "w").write(str(time.time()))
+work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
+time.sleep(TIMEOUT + 6)  # never waits; the watchdog must act
+print("STILL ALIVE", flush=True)
+os._exit(0)
+""", timeout=90, env={"FAULT_RESULTS": str(tmp_path / "r"), "TORCH_NEURONX_COLLECTIVE_CHECK": check})
+    ended = time.time()
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "STILL ALIVE" not in proc.stdout
+    assert "timed out; TORCH_NEURONX_ASYNC_ERROR_HANDLING=3: exiting the process" in proc.stderr, proc.stderr[-3000:]
+    assert "exitcode  : 1" in proc.stderr, proc.stderr[-3000:]
+    # Launch to the end of the whole job (rank 1 is then stopped by torchrun).
+    assert ended - float(stamp.read_text()) < TIMEOUT_S + 3, ended - float(stamp.read_text())
