@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test suite: runtime unit tests (GoogleTest via CTest), the packaging
-# check (wheel installed into a fresh venv), the device/ops/OpInfo-subset
-# tests in protect mode, then the Python tests (device,
-# ops incl. the OpInfo differential subset, autograd, HF smoke).
+# check (wheel installed into a fresh venv), the device/ops/OpInfo-subset and
+# NKI tests in protect mode, then the Python tests (device, ops incl. the
+# OpInfo differential subset, autograd, HF, Diffusers, NKI, tools, and
+# torch.distributed on the `neuron` backend: world-2 jobs in tests/distributed,
+# about 6 minutes; pass -m "not distributed" to skip them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctest --test-dir build/cmake --output-on-failure

@@ -54,6 +54,11 @@ if not hasattr(torch.Tensor, "is_neuron"):
 
 _SUPPORTED_OPS = tuple(sorted(_C._register_host_kernels()))
 
+# The `neuron` torch.distributed backend (torch.distributed is already imported).
+from . import distributed as _distributed  # noqa: E402
+
+_distributed._register()
+
 from . import _compile_hook  # noqa: E402
 
 _compile_hook.install()

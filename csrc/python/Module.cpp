@@ -62,6 +62,10 @@ void drain_autograd_device_threads() {
 
 }  // namespace
 
+namespace torch_neuronx {
+void init_distributed_bindings(py::module& m);  // csrc/distributed/init.cpp
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-neuronx native core";
   at::neuron::install_staging_allocator();
@@ -146,4 +150,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_neuron_ptr", [](uintptr_t ptr) {
     return neuronrt::CachingAllocator::instance().device_of(reinterpret_cast<void*>(ptr));
   });
+
+  // The `neuron` c10d backend (torch_neuronx._C._distributed).
+  torch_neuronx::init_distributed_bindings(m);
 }

@@ -95,7 +95,29 @@ def current_device() -> int:
 def set_device(device) -> None:
     index = _get_device_index(device, optional=True)
     if index >= 0:
+        # Choosing a device initializes it (as torch.cuda/torch.xpu do):
+        # FakeTensor and DeviceMesh read is_initialized() to resolve a bare
+        # "neuron" to the current device instead of neuron:0.
+        _lazy_init()
         _C._set_device(index)
+
+
+def _default_device_from_launcher() -> None:
+    # Under a launcher (torchrun, accelerate launch) each process owns
+    # LOCAL_RANK's NeuronCore: make it current, so bare torch.device("neuron")
+    # and current_device() agree with device_ids=[LOCAL_RANK] (as Accelerate
+    # and AWS's examples assume). Only a thread-local index: no runtime init.
+    import os
+
+    local_rank = os.environ.get("LOCAL_RANK")
+    if not local_rank or not local_rank.lstrip("-").isdigit():
+        return
+    count = device_count()
+    if count > 0 and int(local_rank) >= 0:
+        _C._set_device(int(local_rank) % count)
+
+
+_default_device_from_launcher()
 
 
 class device:

@@ -1,0 +1,939 @@
+#include "csrc/distributed/ProcessGroupNeuron.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/thread_name.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+
+#include "csrc/aten/HostExecution.h"
+
+namespace c10d {
+
+namespace {
+
+// Longest timeout honoured as a deadline (larger ones would overflow the
+// clock arithmetic; a year is "forever" for a collective).
+constexpr std::chrono::milliseconds kMaxTimeout{std::chrono::hours(24 * 365)};
+
+bool is_fp8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz ||
+         t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
+}
+
+// Element types Gloo's kernels are instantiated for.
+bool gloo_has_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar: case at::kByte:
+    case at::kInt: case at::kLong: case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
+at::Tensor host_view(const at::Tensor& t) {
+  return at::neuron::host_alias(t);
+}
+
+std::vector<at::Tensor> host_view(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(host_view(t));
+  return out;
+}
+
+// The CPU view of `t` a data-movement collective hands the transport: the
+// alias, reinterpreted as bytes when Gloo has no kernels for its dtype (fp8,
+// int16, uint16-64, complex). Dimension 0 is kept, so all_to_all splits hold.
+at::Tensor to_host(const at::Tensor& t) {
+  at::Tensor h = host_view(t);
+  if (gloo_has_dtype(h.scalar_type()) || !h.defined()) return h;
+  if (h.dim() == 0) h = h.view({1});
+  TORCH_CHECK_VALUE(h.stride(-1) == 1 || h.numel() <= 1, "neuron backend: ", h.scalar_type(),
+                    " tensors are moved as bytes and must be contiguous in their last dimension");
+  return h.view(at::kByte);
+}
+
+std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(to_host(t));
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> to_host(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& l : lists) out.push_back(to_host(l));
+  return out;
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+const char* reduce_op_name(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::BAND: return "BAND";
+    case ReduceOp::BOR: return "BOR";
+    case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+// What Gloo would reject with an obscure message (or not at all), rejected
+// up front with a TypeError naming the op, the dtype and the way out.
+void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
+  const auto kind = op.op_;
+  for (const auto& t : tensors) {
+    const auto dtype = t.scalar_type();
+    TORCH_CHECK_TYPE(!is_fp8(dtype), "neuron backend: ", collective, " cannot reduce ", dtype,
+                     " tensors: fp8 is supported for data movement only (broadcast, all_gather, gather, scatter, "
+                     "all_to_all, send/recv). Upcast to bfloat16 or float32 to reduce.");
+    const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+    TORCH_CHECK_TYPE(!(kind == ReduceOp::AVG && !floating), "neuron backend: ", collective,
+                     " with ReduceOp.AVG needs floating-point or complex tensors, got ", dtype,
+                     ": an integer average is not representable. Reduce with ReduceOp.SUM and divide.");
+    TORCH_CHECK_TYPE(!(kind == ReduceOp::PREMUL_SUM && !floating), "neuron backend: ", collective,
+                     " with ReduceOp.PREMUL_SUM needs floating-point or complex tensors, got ", dtype, ".");
+    const bool bitwise = kind == ReduceOp::BAND || kind == ReduceOp::BOR || kind == ReduceOp::BXOR;
+    TORCH_CHECK_TYPE(!(bitwise && !at::isIntegralType(dtype, /*includeBool=*/true)), "neuron backend: ", collective,
+                     " with ReduceOp.", reduce_op_name(kind), " needs integer or bool tensors, got ", dtype, ".");
+    TORCH_CHECK_TYPE(!(at::isComplexType(dtype) && kind != ReduceOp::SUM && kind != ReduceOp::AVG &&
+                       kind != ReduceOp::PREMUL_SUM),
+                     "neuron backend: ", collective, " with ReduceOp.", reduce_op_name(kind),
+                     " is not defined for complex tensors (", dtype, ").");
+  }
+}
+
+// PREMUL_SUM's factor as a scalar (the supplement holds a double or a
+// one-element tensor, possibly on neuron).
+at::Scalar premul_factor(const ReduceOp& op) {
+  auto sup = c10::dynamic_intrusive_pointer_cast<PreMulSumSupplement>(op.supplement_);
+  TORCH_CHECK(sup, "ReduceOp.PREMUL_SUM has no factor: create it with torch.distributed._make_nccl_premul_sum");
+  if (sup->tensor_factor.defined()) return at::neuron::host_alias(sup->tensor_factor).reshape({}).item();
+  return sup->double_factor;
+}
+
+// Gloo reduces int16/uint16/uint32 nowhere; a wider integer gives the same
+// bits (sum, product, min, max and bitwise ops all commute with truncation
+// modulo 2^16 / 2^32 in two's complement).
+std::optional<at::ScalarType> widened(at::ScalarType t) {
+  switch (t) {
+    case at::kShort: case at::kUInt16: return at::kInt;
+    case at::kUInt32: return at::kLong;
+    default: return std::nullopt;
+  }
+}
+
+// What Gloo reduces for host alias `h`: `h` itself, or a scratch copy when
+// PREMUL_SUM scales it (the caller's input is never scaled) or its dtype is
+// widened. Results land in the scratch and are copied back.
+at::Tensor reduction_input(const at::Tensor& h, const ReduceOp& op) {
+  at::Tensor s = h;
+  if (op.op_ == ReduceOp::PREMUL_SUM) s = s.mul(premul_factor(op));
+  if (auto w = widened(s.scalar_type())) s = s.to(*w);
+  return s.is_same(h) ? h : s.contiguous();
+}
+
+std::vector<at::Tensor> reduction_input(const std::vector<at::Tensor>& hs, const ReduceOp& op) {
+  std::vector<at::Tensor> out;
+  out.reserve(hs.size());
+  for (const auto& h : hs) out.push_back(reduction_input(h, op));
+  return out;
+}
+
+// Copies scratch results back into the caller's tensors (no-op when Gloo
+// reduced in place).
+std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Tensor> src) {
+  return [dst = std::move(dst), src = std::move(src)]() mutable {
+    for (size_t i = 0; i < dst.size(); ++i) {
+      if (!dst[i].is_same(src[i])) dst[i].copy_(src[i].view(dst[i].sizes()));
+    }
+  };
+}
+
+ReduceOp gloo_op(const ReduceOp& op) {
+  return op.op_ == ReduceOp::PREMUL_SUM ? ReduceOp(ReduceOp::SUM) : op;
+}
+
+// The device the work's future reports: the neuron device of the outputs
+// (or inputs), none for CPU-only collectives.
+std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) {
+  std::optional<c10::Device> dev;
+  for (const auto* list : {&a, &b}) {
+    for (const auto& t : *list) {
+      if (!t.defined() || t.device().is_cpu()) continue;
+      TORCH_CHECK_VALUE(!dev || *dev == t.device(), "neuron backend: all tensors of one collective must be on the ",
+                        "same device (or on cpu), got ", *dev, " and ", t.device());
+      dev = t.device();
+    }
+  }
+  if (!dev) return {};
+  return {*dev};
+}
+
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+template <typename T>
+std::string join(const std::vector<T>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += std::to_string(items[i]);
+  }
+  return out;
+}
+
+std::string error_message(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+ErrorType classify(const std::string& msg) {
+  std::string lower(msg);
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos) {
+    return ErrorType::TIMEOUT;
+  }
+  if (lower.find("closed") != std::string::npos || lower.find("reset") != std::string::npos ||
+      lower.find("peer") != std::string::npos) {
+    return ErrorType::REMOTE_ERROR;
+  }
+  return ErrorType::COMM_ERROR;
+}
+
+void note_error(std::atomic<ErrorType>& sink, ErrorType type) {
+  auto expected = ErrorType::SUCCESS;
+  sink.compare_exchange_strong(expected, type);
+}
+
+}  // namespace
+
+// ---- WorkNeuron --------------------------------------------------------------
+
+ProcessGroupNeuron::WorkNeuron::WorkNeuron(int rank, OpType opType, uint64_t seq, std::string describe,
+                                           std::chrono::milliseconds timeout, std::vector<at::Tensor> outputs,
+                                           std::vector<c10::Device> devices,
+                                           std::shared_ptr<std::atomic<ErrorType>> errorSink)
+    : Work(rank, opType),
+      seq_(seq),
+      describe_(std::move(describe)),
+      timeout_(std::min(timeout, kMaxTimeout)),
+      start_(std::chrono::steady_clock::now()),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::move(devices))),
+      errorSink_(std::move(errorSink)) {}
+
+std::exception_ptr ProcessGroupNeuron::WorkNeuron::wrap(std::exception_ptr error, const char* what) const {
+  const std::string msg = error_message(error);
+  return std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, describe_ + " " + what + msg));
+}
+
+void ProcessGroupNeuron::WorkNeuron::complete(std::exception_ptr error, const std::function<void()>& after) {
+  if (claimed_.exchange(true)) return;
+  if (!error && after) {
+    try {
+      after();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    const auto kind = classify(error_message(error));
+    note_error(*errorSink_, kind);
+    if (kind == ErrorType::TIMEOUT && watchdog_) {
+      std::lock_guard<std::mutex> lock(watchdog_->mutex);
+      watchdog_->timedOut.push_back(describe_);
+      watchdog_->cv.notify_all();
+    }
+    error = wrap(error, "failed: ");
+  }
+  // The future first: whoever wait() releases may read it at once.
+  if (error) {
+    future_->setErrorIfNeeded(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    exception_ = error;
+  }
+  cv_.notify_all();
+}
+
+bool ProcessGroupNeuron::WorkNeuron::wait(std::chrono::milliseconds timeout) {
+  // Without an explicit timeout the group's timeout counts from the launch,
+  // so a hung peer surfaces here even when the transport never returns.
+  const auto deadline = timeout == kNoTimeout ? start_ + timeout_
+                                              : std::chrono::steady_clock::now() + std::min(timeout, kMaxTimeout);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_until(lock, deadline, [&] { return completed_; })) {
+    lock.unlock();
+    note_error(*errorSink_, ErrorType::TIMEOUT);
+    const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+    C10_THROW_ERROR(DistBackendError, c10::str(describe_, " timed out: not completed after ", limit.count(),
+                                               " ms (the peer may have hung or exited)"));
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  // Streams: launches are synchronous today, so the outputs are ready. Once
+  // they are asynchronous, block the current neuron stream on an event
+  // recorded when the transport finished.
+  return true;
+}
+
+void ProcessGroupNeuron::WorkNeuron::abort() {
+  if (transport_) {
+    try {
+      transport_->abort();
+    } catch (...) {  // Gloo's collective works cannot be aborted; abort() fails this work anyway
+    }
+  }
+  complete(std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                                         "the work was aborted")),
+           {});
+}
+
+int ProcessGroupNeuron::WorkNeuron::sourceRank() const {
+  TORCH_CHECK(transport_, "sourceRank() is only defined for recv from any source");
+  return transport_->sourceRank();
+}
+
+// ---- ProcessGroupNeuron ---------------------------------------------------------
+
+ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size,
+                                       c10::intrusive_ptr<Options> options)
+    : Backend(rank, size), gloo_(std::move(gloo)), options_(std::move(options)) {
+  TORCH_CHECK(gloo_, "ProcessGroupNeuron needs a transport backend");
+  TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, "ProcessGroupNeuron: transport is rank ",
+              gloo_->getRank(), " of ", gloo_->getSize(), ", expected rank ", rank, " of ", size);
+  if (!options_) options_ = Options::create();
+  const char* check = std::getenv("TORCH_NEURONX_COLLECTIVE_CHECK");
+  checkAgreement_ = !(check && std::string(check) == "0");
+  if (const char* mode = std::getenv("TORCH_NEURONX_ASYNC_ERROR_HANDLING")) {
+    const std::string m(mode);
+    TORCH_CHECK_VALUE(m == "0" || m == "1" || m == "2" || m == "3",
+                      "TORCH_NEURONX_ASYNC_ERROR_HANDLING must be 0, 1, 2 or 3, got '", m, "'");
+    errorHandling_ = std::stoi(m);
+  }
+  init();
+}
+
+ProcessGroupNeuron::~ProcessGroupNeuron() {
+  shutdown();
+  if (aborted_.load()) {
+    // Destroying ProcessGroupGloo joins its workers, which sit in the aborted
+    // collectives until the transport's timeout: that would stall whoever
+    // drops the last reference (often Python, holding the GIL). An aborted
+    // group's transport is left to finish on its own and leaked.
+    (void)gloo_.release();
+  }
+}
+
+std::chrono::milliseconds ProcessGroupNeuron::effectiveTimeout(std::chrono::milliseconds opTimeout) const {
+  return opTimeout.count() > 0 ? opTimeout : options_->timeout;
+}
+
+std::string ProcessGroupNeuron::ranksString() const {
+  const auto& g = options_->global_ranks_in_group;
+  if (g.empty()) return c10::str("[0..", size_ - 1, "]");
+  return c10::str("[", join(g, ", "), "]");
+}
+
+void ProcessGroupNeuron::checkUsable() const {
+  if (aborted_.load()) {
+    C10_THROW_ERROR(DistBackendError, c10::str("neuron process group '", pg_uid_,
+                                               "' was aborted; create a new process group to continue"));
+  }
+  if (shutdown_.load()) {
+    C10_THROW_ERROR(DistBackendError, c10::str("neuron process group '", pg_uid_, "' was shut down"));
+  }
+}
+
+void ProcessGroupNeuron::setTimeout(std::chrono::milliseconds timeout) {
+  options_->timeout = timeout;
+  gloo_->setTimeout(timeout);
+}
+
+void ProcessGroupNeuron::setGroupUid(const std::string& pg_uid) {
+  Backend::setGroupUid(pg_uid);
+  gloo_->setGroupUid(pg_uid);
+}
+
+void ProcessGroupNeuron::setSequenceNumberForGroup() {
+  gloo_->setSequenceNumberForGroup();
+  seq_ = 0;
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::milliseconds opTimeout,
+                                                    std::vector<at::Tensor> outputs,
+                                                    const std::function<c10::intrusive_ptr<Work>()>& run,
+                                                    std::function<void()> after) {
+  checkUsable();
+  const uint64_t seq = ++seq_;
+  const auto timeout = effectiveTimeout(opTimeout);
+  auto devices = devices_of(outputs);
+  std::string describe = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq, ", group '", pg_uid_,
+                                  "', rank ", rank_, " of ranks ", ranksString(), ", timeout ", timeout.count(),
+                                  " ms)");
+  auto work = c10::make_intrusive<WorkNeuron>(rank_, type, seq, std::move(describe), timeout, std::move(outputs),
+                                              std::move(devices), error_);
+  work->watchdog_ = watchdog_;
+  // Streams: kernel launches are synchronous today, so the inputs are ready
+  // here. Once they are asynchronous, record an event on the current stream
+  // and let the transport wait for it before touching the buffers.
+  c10::intrusive_ptr<Work> transport = run();
+  track(work, std::move(transport), std::move(after));
+  return work;
+}
+
+void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
+                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
+                               const std::vector<int64_t>& outSplits) {
+  if (!checkAgreement_ || size_ == 1) return;
+  checkUsable();
+  const bool a2a = !inSplits.empty() || !outSplits.empty();
+  const int64_t width = 4 + 2 * static_cast<int64_t>(size_);
+  at::Tensor mine = at::zeros({width}, at::kLong);
+  int64_t* p = mine.data_ptr<int64_t>();
+  p[0] = static_cast<int64_t>(type);
+  p[1] = tensors.empty() ? -1 : static_cast<int64_t>(tensors[0].scalar_type());
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, numel) of every tensor
+  for (const auto& t : tensors) {
+    p[2] += t.numel();
+    hash = (hash ^ static_cast<uint64_t>(t.numel())) * 1099511628211ull;
+    hash = (hash ^ static_cast<uint64_t>(t.scalar_type())) * 1099511628211ull;
+  }
+  p[3] = static_cast<int64_t>(hash);
+  for (size_t i = 0; i < inSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + i] = inSplits[i];
+  for (size_t i = 0; i < outSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + size_ + i] = outSplits[i];
+
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
+  std::vector<at::Tensor> in{mine};
+  const auto timeout = effectiveTimeout(opTimeout);
+  const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
+                                    ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
+                                    ", timeout ", timeout.count(), " ms)");
+  AllgatherOptions ao;
+  ao.timeout = timeout;
+  try {
+    auto fut = gloo_->allgather(all, in, ao)->getFuture();
+    // Wait on the future, not the Gloo work: abort() must release this wait.
+    auto state = abortWaits_;
+    fut->addCallback([state](c10::ivalue::Future&) {
+      { std::lock_guard<std::mutex> lock(state->mutex); }
+      state->cv.notify_all();
+    });
+    {
+      std::unique_lock<std::mutex> lock(state->mutex);
+      const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
+                                           [&] { return fut->completed() || aborted_.load(); });
+      if (!fut->completed()) {
+        if (!done) {
+          lock.unlock();
+          handleTimeout(what);
+        }
+        C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
+                                               : c10::str("timed out after ", timeout.count(), " ms"));
+      }
+    }
+    if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
+  } catch (...) {
+    const std::string msg = error_message(std::current_exception());
+    if (!aborted_.load()) note_error(*error_, classify(msg));
+    C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
+  }
+
+  auto row = [&](int r) { return all[0][r].data_ptr<int64_t>(); };
+  bool ok = true;
+  for (int r = 0; r < size_ && ok; ++r) {
+    const int64_t* q = row(r);
+    ok = q[0] == p[0] && q[1] == p[1] && (a2a || (q[2] == p[2] && q[3] == p[3]));
+  }
+  // all_to_all: what rank i sends to j is what j expects from i.
+  for (int i = 0; i < size_ && ok && a2a; ++i) {
+    for (int j = 0; j < size_ && ok; ++j) ok = row(i)[4 + j] == row(j)[4 + size_ + i];
+  }
+  if (ok) return;
+  std::string ranks;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* q = row(r);
+    ranks += c10::str("\n  rank ", r, ": ", opTypeToString(static_cast<OpType>(q[0])), " ",
+                      q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
+    if (a2a) {
+      ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
+                        join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
+    } else {
+      ranks += c10::str(", ", q[2], " elements");
+    }
+  }
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str(what, ": the ranks called mismatched collectives (op, dtype or sizes differ):", ranks));
+}
+
+void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
+                               std::function<void()> after) {
+  work->transport_ = transport;
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    if (!watchdogThread_.joinable()) watchdogThread_ = std::thread(&ProcessGroupNeuron::watchdogLoop, this);
+    if (pending_.size() >= 64) {
+      std::erase_if(pending_, [](const auto& w) {
+        auto p = w.lock();
+        return !p || p->isCompleted();
+      });
+    }
+    pending_.emplace_back(work);
+  }
+  // Collective works carry a future; complete ours from its callback (no
+  // extra thread, no second waiter on the Gloo work).
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  try {
+    fut = transport->getFuture();
+  } catch (const c10::Error&) {
+  }
+  if (fut) {
+    fut->addCallback([work, after = std::move(after)](c10::ivalue::Future& f) {
+      work->complete(f.hasError() ? f.exception_ptr() : nullptr, after);
+    });
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->items.push_back({work, std::move(transport), std::move(after)});
+    if (!completionThread_.joinable()) completionThread_ = std::thread(&ProcessGroupNeuron::completionLoop, queue_);
+  }
+  queue_->cv.notify_one();
+}
+
+void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) {
+  c10::setThreadName("pt_neuron_comm");
+  while (true) {
+    Waiting item;
+    {
+      std::unique_lock<std::mutex> lock(queue->mutex);
+      queue->cv.wait(lock, [&] { return queue->stop || !queue->items.empty(); });
+      if (queue->items.empty()) return;
+      item = std::move(queue->items.front());
+      queue->items.pop_front();
+      queue->busy = true;
+    }
+    std::exception_ptr error;
+    try {
+      item.transport->wait(item.work->timeout_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.work->complete(error, item.after);
+    std::lock_guard<std::mutex> lock(queue->mutex);
+    queue->busy = false;
+  }
+}
+
+void ProcessGroupNeuron::handleTimeout(const std::string& what) {
+  note_error(*error_, ErrorType::TIMEOUT);
+  if (errorHandling_ == 0) return;
+  const bool exitProcess = errorHandling_ == 1 || errorHandling_ == 3;
+  std::cerr << what << " timed out; TORCH_NEURONX_ASYNC_ERROR_HANDLING=" << errorHandling_
+            << (exitProcess ? ": exiting the process" : ": aborting the process group")
+            << " (set it to 0 to only raise DistBackendError)" << std::endl;
+  if (errorHandling_ == 1 || errorHandling_ == 2) abort();
+  if (exitProcess) std::_Exit(1);  // no cleanup: other threads may be stuck in the transport
+}
+
+void ProcessGroupNeuron::watchdogLoop() {
+  c10::setThreadName("pt_neuron_watch");
+  auto dog = watchdog_;
+  while (true) {
+    std::deque<std::string> reported;
+    {
+      std::unique_lock<std::mutex> lock(dog->mutex);
+      dog->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return dog->stop || !dog->timedOut.empty(); });
+      if (dog->stop) return;
+      reported.swap(dog->timedOut);
+    }
+    for (const auto& what : reported) handleTimeout(what);
+    std::vector<c10::intrusive_ptr<WorkNeuron>> late;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(pendingMutex_);
+      for (auto& w : pending_) {
+        auto p = w.lock();
+        if (p && !p->isCompleted() && now > p->start_ + p->timeout_) late.push_back(std::move(p));
+      }
+    }
+    for (auto& w : late) {
+      w->complete(std::make_exception_ptr(c10::DistBackendError(
+                      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                      c10::str("timed out: not completed after ", w->timeout_.count(), " ms"))),
+                  {});  // queues the timeout for the next round
+    }
+  }
+}
+
+void ProcessGroupNeuron::abort() {
+  aborted_ = true;
+  std::vector<c10::intrusive_ptr<WorkNeuron>> pending;
+  {
+    std::lock_guard<std::mutex> lock(pendingMutex_);
+    for (auto& w : pending_) {
+      if (auto p = w.lock()) pending.push_back(std::move(p));
+    }
+    pending_.clear();
+  }
+  for (auto& w : pending) w->abort();
+  {
+    std::lock_guard<std::mutex> lock(abortWaits_->mutex);
+  }
+  abortWaits_->cv.notify_all();
+  // Gloo's own abort is not called: it has none for collectives, and the
+  // transport's queued works end on its timeout without holding callers.
+  shutdown();
+}
+
+void ProcessGroupNeuron::shutdown() {
+  if (shutdown_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(watchdog_->mutex);
+    watchdog_->stop = true;
+  }
+  watchdog_->cv.notify_all();
+  if (watchdogThread_.joinable()) {
+    // abort() may run on the watchdog itself (error handling 1 and 2).
+    if (watchdogThread_.get_id() == std::this_thread::get_id()) {
+      watchdogThread_.detach();
+    } else {
+      watchdogThread_.join();
+    }
+  }
+  bool blocked = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stop = true;
+    // After an abort the thread may sit in a wait on a dead peer: leave it
+    // (it owns the queue) rather than block shutdown until the timeout.
+    blocked = aborted_.load() && (queue_->busy || !queue_->items.empty());
+  }
+  queue_->cv.notify_all();
+  if (completionThread_.joinable()) {
+    if (blocked) {
+      completionThread_.detach();
+    } else {
+      completionThread_.join();
+    }
+  }
+}
+
+c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<Store>& store,
+                                                      const std::vector<int>& ranks,
+                                                      const c10::intrusive_ptr<Backend::Options>& opts) {
+  checkUsable();
+  const std::string groupName = opts ? opts->group_name : std::string();
+  const auto timeout = opts ? opts->timeout : options_->timeout;
+  const std::string key = c10::str(groupName, "|", join(ranks, ","));
+  std::lock_guard<std::mutex> lock(splitMutex_);
+  if (!lastSplitKey_.empty() && key == lastSplitKey_) return lastSplit_;
+
+  c10::intrusive_ptr<Backend> childGloo;
+  {
+    // Gloo warns that our options are not its own and uses its defaults,
+    // which is what we want (the timeout is set right after).
+    SilentWarnings silent;
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    childGloo = gloo_->split(store, ranks, nullptr);
+  }
+  c10::intrusive_ptr<Backend> child;
+  if (childGloo) {
+    childGloo->setTimeout(timeout);
+    auto childOpts = Options::create(timeout);
+    childOpts->group_name = groupName;
+    if (opts) childOpts->group_desc = opts->group_desc;
+    for (int r : ranks) {
+      const auto& g = options_->global_ranks_in_group;
+      childOpts->global_ranks_in_group.push_back(g.empty() ? static_cast<uint64_t>(r) : g.at(r));
+    }
+    child = c10::make_intrusive<ProcessGroupNeuron>(childGloo, childGloo->getRank(), childGloo->getSize(),
+                                                    childOpts);
+  }
+  lastSplitKey_ = key;
+  lastSplit_ = child;
+  return child;
+}
+
+// ---- collectives -----------------------------------------------------------------
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const BroadcastOptions& opts) {
+  agree(OpType::BROADCAST, opts.timeout, tensors);
+  auto host = to_host(tensors);
+  return launch(OpType::BROADCAST, opts.timeout, tensors, [&] { return gloo_->broadcast(host, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const AllreduceOptions& opts) {
+  check_reduction(tensors, opts.reduceOp, "all_reduce");
+  agree(OpType::ALLREDUCE, opts.timeout, tensors);
+  auto host = host_view(tensors);
+  auto in = reduction_input(host, opts.reduceOp);
+  AllreduceOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(in, o); },
+                copy_back(host, in));
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                 const AllreduceCoalescedOptions& opts) {
+  check_reduction(tensors, opts.reduceOp, "all_reduce_coalesced");
+  agree(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors);
+  auto host = host_view(tensors);
+  auto in = reduction_input(host, opts.reduceOp);
+  AllreduceCoalescedOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors,
+                [&] { return gloo_->allreduce_coalesced(in, o); }, copy_back(host, in));
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
+  check_reduction(tensors, opts.reduceOp, "reduce");
+  agree(OpType::REDUCE, opts.timeout, tensors);
+  auto host = host_view(tensors);
+  auto in = reduction_input(host, opts.reduceOp);
+  ReduceOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  // Only the root receives the result; other ranks keep their input.
+  const bool root = opts.rootRank == rank_;
+  auto after = root ? copy_back(host, in) : std::function<void()>([in] {});
+  return launch(OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(in, o); }, std::move(after));
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const AllgatherOptions& opts) {
+  agree(OpType::ALLGATHER, opts.timeout, inputs);
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::ALLGATHER, opts.timeout, flatten(outputs),
+                [&] { return gloo_->allgather(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const AllgatherOptions& opts) {
+  agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
+  auto hostOut = to_host(output);
+  auto hostIn = to_host(input);
+  return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
+                [&] { return gloo_->_allgather_base(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const AllgatherOptions& opts) {
+  agree(OpType::ALLGATHER_COALESCED, opts.timeout, inputs);
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::ALLGATHER_COALESCED, opts.timeout, flatten(outputs),
+                [&] { return gloo_->allgather_coalesced(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const AllgatherOptions& opts) {
+  agree(OpType::COALESCED, opts.timeout, inputs);
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::COALESCED, opts.timeout, outputs,
+                [&] { return gloo_->allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs, const GatherOptions& opts) {
+  agree(OpType::GATHER, opts.timeout, inputs);
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::GATHER, opts.timeout, flatten(outputs),
+                [&] { return gloo_->gather(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const ScatterOptions& opts) {
+  agree(OpType::SCATTER, opts.timeout, outputs);
+  auto hostOut = to_host(outputs);
+  auto hostIn = to_host(inputs);
+  return launch(OpType::SCATTER, opts.timeout, outputs, [&] { return gloo_->scatter(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                                            const ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
+                    "neuron backend: reduce_scatter takes one output tensor and one list of inputs");
+  TORCH_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, "neuron backend: reduce_scatter needs ", size_,
+                    " input tensors (one per rank), got ", inputs[0].size());
+  for (const auto& t : inputs[0]) {
+    TORCH_CHECK_VALUE(t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
+                      "neuron backend: reduce_scatter inputs must match the output's size and dtype, got ",
+                      t.sizes(), " ", t.scalar_type(), " for output ", outputs[0].sizes(), " ",
+                      outputs[0].scalar_type());
+  }
+  check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
+  agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
+  // The list form runs as the flat form over one contiguous scratch input
+  // (scaled or widened as needed) and a scratch output copied back.
+  std::vector<at::Tensor> flat;
+  for (const auto& t : host_view(inputs[0])) flat.push_back(t.reshape({-1}));
+  at::Tensor in = reduction_input(at::cat(flat), opts.reduceOp);
+  at::Tensor hostOut = host_view(outputs[0]);
+  at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
+  ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(
+      OpType::REDUCE_SCATTER, opts.timeout, outputs, [&] { return gloo_->_reduce_scatter_base(out, in, o); },
+      [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                  const ReduceScatterOptions& opts) {
+  check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
+  agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
+  at::Tensor hostOut = host_view(output);
+  at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
+  at::Tensor out = in.scalar_type() == hostOut.scalar_type() ? hostOut : hostOut.to(in.scalar_type());
+  ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output},
+                [&] { return gloo_->_reduce_scatter_base(out, in, o); }, copy_back({hostOut, in}, {out, in}));
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const ReduceScatterOptions& opts) {
+  check_reduction(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  agree(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, inputs);
+  auto hostOut = host_view(outputs);
+  auto in = reduction_input(host_view(inputs), opts.reduceOp);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < hostOut.size(); ++i) {
+    const auto dtype = i < in.size() ? in[i].scalar_type() : hostOut[i].scalar_type();
+    out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
+  }
+  auto keep = in;
+  auto after = copy_back(hostOut, out);
+  ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_op(opts.reduceOp);
+  return launch(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, outputs,
+                [&] { return gloo_->reduce_scatter_tensor_coalesced(out, in, o); },
+                [after, keep]() { after(); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& outputSplits,
+                                                           std::vector<int64_t>& inputSplits,
+                                                           const AllToAllOptions& opts) {
+  // Splits in elements (dimension-0 rows times row size; none = equal).
+  auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    const int64_t row = t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+    std::vector<int64_t> out;
+    for (int r = 0; r < size_; ++r) out.push_back(splits.empty() ? t.numel() / size_ : splits.at(r) * row);
+    return out;
+  };
+  agree(OpType::ALLTOALL_BASE, opts.timeout, {input}, elements(input, inputSplits), elements(output, outputSplits));
+  auto hostOut = to_host(output);
+  auto hostIn = to_host(input);
+  return launch(OpType::ALLTOALL_BASE, opts.timeout, {output},
+                [&] { return gloo_->alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs, const AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
+                    "neuron backend: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
+                    " and ", outputs.size());
+  {
+    std::vector<int64_t> in, out;
+    for (const auto& t : inputs) in.push_back(t.numel());
+    for (const auto& t : outputs) out.push_back(t.numel());
+    agree(OpType::ALLTOALL, opts.timeout, {inputs.at(0)}, in, out);
+  }
+  // The list form runs as the flat form over one contiguous buffer each way.
+  std::vector<at::Tensor> flatIn;
+  std::vector<int64_t> inSplits, outSplits;
+  for (const auto& t : to_host(inputs)) {
+    TORCH_CHECK_TYPE(t.scalar_type() == to_host(outputs[0]).scalar_type(),
+                     "neuron backend: all_to_all tensors must share one dtype");
+    flatIn.push_back(t.reshape({-1}));
+    inSplits.push_back(t.numel());
+  }
+  auto hostOuts = to_host(outputs);
+  int64_t total = 0;
+  for (const auto& t : hostOuts) {
+    outSplits.push_back(t.numel());
+    total += t.numel();
+  }
+  at::Tensor in = at::cat(flatIn);
+  at::Tensor out = at::empty({total}, hostOuts[0].options());
+  return launch(
+      OpType::ALLTOALL, opts.timeout, outputs,
+      [&] { return gloo_->alltoall_base(out, in, outSplits, inSplits, opts); },
+      [hostOuts, out, outSplits, in]() mutable {
+        int64_t offset = 0;
+        for (size_t i = 0; i < hostOuts.size(); ++i) {
+          hostOuts[i].copy_(out.narrow(0, offset, outSplits[i]).view(hostOuts[i].sizes()));
+          offset += outSplits[i];
+        }
+      });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  auto host = to_host(tensors);
+  // Gloo sends straight from the buffer: keep the aliases alive until done.
+  return launch(OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
+                [host]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  auto host = to_host(tensors);
+  return launch(OpType::RECV, kUnsetTimeout, tensors, [&] { return gloo_->recv(host, srcRank, tag); },
+                [host]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  auto host = to_host(tensors);
+  return launch(OpType::RECVANYSOURCE, kUnsetTimeout, tensors, [&] { return gloo_->recvAnysource(host, tag); },
+                [host]() {});
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::barrier(const BarrierOptions& opts) {
+  // opts.device (from device_ids or the bound device) names the device whose
+  // queued work must finish first; launches are synchronous today, so Gloo's
+  // barrier is the whole of it.
+  return launch(OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
+}
+
+}  // namespace c10d

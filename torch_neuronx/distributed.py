@@ -1,0 +1,65 @@
+"""The ``neuron`` torch.distributed backend.
+
+``init_process_group("neuron")`` (or ``device_id=torch.device("neuron", r)``,
+``"cpu:gloo,neuron:neuron"``, or no backend at all) creates a
+``ProcessGroupNeuron`` (csrc/distributed/): a C++ c10d backend that serves
+neuron *and* cpu tensors. Its transport is a per-group ``ProcessGroupGloo``
+working on zero-copy host views of device memory; the backend adds
+PREMUL_SUM, fp8 data movement, futures on the neuron device, split(),
+abort and timeouts that name the collective.
+
+Registered when ``torch_neuronx`` is imported (``import torch`` autoloads it);
+``torch.distributed`` is already imported by then, so this costs nothing.
+"""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["ProcessGroupNeuron", "BACKEND_NAME", "is_available"]
+
+BACKEND_NAME = "neuron"
+
+ProcessGroupNeuron = _C._distributed.ProcessGroupNeuron
+
+
+def is_available() -> bool:
+    """True when torch.distributed and its Gloo transport are built in."""
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def _create_backend(backend_opts, pg_options):
+    """``Backend.register_backend`` creator (extended API).
+
+    ``backend_opts`` is the c10d ``_DistributedBackendOptions`` of the new
+    group; ``pg_options`` is ``init_process_group(pg_options=...)``/
+    ``new_group(pg_options=...)``: ``None`` or a ``ProcessGroupNeuron.Options``.
+    """
+    if pg_options is not None and not isinstance(pg_options, ProcessGroupNeuron.Options):
+        raise TypeError(
+            f"the neuron backend takes pg_options of type ProcessGroupNeuron.Options, got {type(pg_options).__name__}")
+    timeout = backend_opts.timeout
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    # Our own copy: the caller's options object is not modified.
+    options = ProcessGroupNeuron.Options(timeout) if pg_options is None else pg_options.__deepcopy__({})
+    options._timeout = timeout
+    options.group_name = backend_opts.group_id
+    options.global_ranks_in_group = list(backend_opts.global_ranks_in_group)
+    # The transport rendezvous under its own prefix of the group's store.
+    store = dist.PrefixStore("neuron/gloo/", backend_opts.store)
+    transport = dist.ProcessGroupGloo(store, backend_opts.group_rank, backend_opts.group_size, timeout)
+    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options)
+
+
+def _register():
+    if not is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    # "cpu" too: object collectives and barrier() pick the cpu backend of a
+    # group, and compiled graphs hand collectives host aliases.
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["neuron", "cpu"])
+    from . import _distributed_compat
+
+    _distributed_compat.install()
