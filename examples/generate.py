@@ -434,10 +434,23 @@ def parse_args(argv=None):
 
 
 def warm_up(model, inputs, gen_kwargs) -> float:
-    """Compiles the decode step (two greedy tokens) before the answer is streamed; returns seconds."""
+    """Compiles the decode step before the answer is streamed; returns seconds.
+
+    Two greedy tokens, stopped by a criterion rather than a smaller
+    ``max_new_tokens``: the static cache is sized by ``max_new_tokens``, and a
+    decode step compiled for another cache size would be compiled again."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    prompt_len = inputs["input_ids"].shape[1]
+
+    class AfterTwoTokens(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= prompt_len + 2, dtype=torch.bool,
+                              device=input_ids.device)
+
     start = time.perf_counter()
     with progress("compiling the decode step (cached for later runs)"):
-        run_generate(model, inputs, {**gen_kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+        run_generate(model, inputs, {**gen_kwargs, "stopping_criteria": StoppingCriteriaList([AfterTwoTokens()])})
     return time.perf_counter() - start
 
 
