@@ -30,6 +30,11 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (is_traced(q) || is_traced(k) || is_traced(v)) {
     return static_cast<int64_t>(at::SDPBackend::math);
   }
+  // Conjugate/negative views would be materialized by the CPU choice itself,
+  // reading device memory outside a kernel: they take the math path.
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->is_neg() || t->is_conj()) return static_cast<int64_t>(at::SDPBackend::math);
+  }
   auto choice = at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v),
                                       attn_mask ? std::optional<at::Tensor>(host_alias(*attn_mask)) : std::nullopt,
                                       dropout_p, is_causal, scale, enable_gqa);
