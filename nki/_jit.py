@@ -11,7 +11,7 @@ import os
 import numpy as np
 import torch
 
-from . import _dtypes, _target, _trace
+from . import _dtypes, _native, _target, _trace
 from ._errors import NKIError
 from ._exec import execute
 from ._tensor import NkiTensor, shared_hbm
@@ -241,7 +241,12 @@ def _execute(program, bound, outs):
     with torch.no_grad():
         for sid in outs:
             bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
-        execute(program, bound, _precise())
+        precise = _precise()
+        native = _native.plan(program, precise)
+        if native is not None:
+            native.run(bound)
+        else:
+            execute(program, bound, precise)
 
 
 def jit(fn=None, mode=None, platform_target=None, **options):

@@ -1,0 +1,569 @@
+// Native executor for traced NKI programs (see nki/_native.py).
+//
+// One C function runs a whole lowered program: every instruction is a loop
+// over partitions, each partition row processed as a flat fp32 vector (the
+// engines' internal precision) with auto-vectorised inner loops, then
+// rounded on store. Results are bit-identical to nki/_exec.py: the same fp32
+// operations in the same order, bf16 rounding to nearest even, and sums in
+// the order of torch's CPU cascade sum (aten/src/ATen/native/cpu/SumKernel.cpp),
+// which the interpreter uses.
+//
+// Plain C++ (no torch headers): compiled once through Inductor's C++
+// toolchain and cached by source hash.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kLanes = NKI_SUM_LANES;  // torch's Vectorized<float>::size() on this CPU
+
+enum DType : int64_t { F32 = 0, BF16 = 1 };
+
+enum Opcode : int64_t {
+  OP_FILL = 0,   // dst view <- value
+  OP_COPY = 1,   // flat row-major copy (dma_copy, tensor_copy, load/store)
+  OP_TT = 2,     // tensor_tensor
+  OP_TS = 3,     // tensor_scalar
+  OP_STT = 4,    // scalar_tensor_tensor
+  OP_ACT = 5,    // activation (+ accumulator registers)
+  OP_TRED = 6,   // tensor_reduce over trailing free elements
+};
+
+enum Alu : int64_t {
+  A_ADD = 0, A_SUB, A_MUL, A_DIV, A_MAX, A_MIN,
+  A_EQ, A_NE, A_GT, A_GE, A_LT, A_LE,
+};
+
+enum Fn : int64_t {
+  F_COPY = 0, F_SQUARE, F_RELU, F_RSQRT, F_SQRT, F_RECIP, F_ABS, F_NEG,
+};
+
+// A strided view: element offset, sizes and strides (dim 0 = partitions).
+struct View {
+  int64_t buf, ndim, offset;
+  int64_t shape[kMaxDims];
+  int64_t stride[kMaxDims];
+};
+
+// Program layout (int64 words): per instruction a fixed record.
+constexpr int kViewWords = 3 + 2 * kMaxDims;
+constexpr int kMaxViews = 5;
+constexpr int kHeader = 16;
+constexpr int kRecord = kHeader + kMaxViews * kViewWords;
+
+struct Ctx {
+  char** bufs;       // base pointer per buffer
+  const int64_t* dtypes;
+  float regs[2][128];  // accumulator registers: [0] vector engine, [1] scalar engine
+};
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  // c10::BFloat16's round to nearest even; NaN -> canonical quiet NaN.
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7FC0;
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+View read_view(const int64_t* w) {
+  View v;
+  v.buf = w[0];
+  v.ndim = w[1];
+  v.offset = w[2];
+  for (int i = 0; i < kMaxDims; ++i) {
+    v.shape[i] = w[3 + i];
+    v.stride[i] = w[3 + kMaxDims + i];
+  }
+  return v;
+}
+
+// Iterates a (sub)view in row-major order as runs along its innermost dim.
+struct Cursor {
+  int64_t ndim;
+  int64_t shape[kMaxDims], stride[kMaxDims], idx[kMaxDims];
+  int64_t pos;       // element offset of the current run start + done
+  int64_t run_left;  // elements left in the current run
+  int64_t base;
+  bool done;
+
+  // dims [first, ndim) of v, with the partition index `p` fixed when first == 1.
+  Cursor(const View& v, int first, int64_t p) {
+    base = v.offset + (first == 1 ? p * v.stride[0] : 0);
+    ndim = 0;
+    for (int i = first; i < v.ndim; ++i) {
+      if (v.shape[i] == 1) continue;
+      // Coalesce with the previous dim when contiguous with it.
+      if (ndim > 0 && stride[ndim - 1] == v.stride[i] * v.shape[i]) {
+        shape[ndim - 1] *= v.shape[i];
+        stride[ndim - 1] = v.stride[i];
+      } else {
+        shape[ndim] = v.shape[i];
+        stride[ndim] = v.stride[i];
+        ++ndim;
+      }
+    }
+    if (ndim == 0) {
+      shape[0] = 1;
+      stride[0] = 1;
+      ndim = 1;
+    }
+    for (int i = 0; i < ndim; ++i) idx[i] = 0;
+    done = false;
+    pos = base;
+    run_left = shape[ndim - 1];
+  }
+  int64_t inner_stride() const { return stride[ndim - 1]; }
+  // Advances by n elements (n <= run_left).
+  void advance(int64_t n) {
+    run_left -= n;
+    pos += n * stride[ndim - 1];
+    if (run_left > 0) return;
+    idx[ndim - 1] = 0;
+    int d = int(ndim) - 2;
+    for (; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) {
+      done = true;
+      return;
+    }
+    pos = base;
+    for (int i = 0; i < ndim - 1; ++i) pos += idx[i] * stride[i];
+    run_left = shape[ndim - 1];
+  }
+};
+
+// fp32 values of the flat free elements of partition p, in row-major order.
+void gather_row(const Ctx& c, const View& v, int64_t p, float* out) {
+  Cursor cur(v, 1, p);
+  const bool bf = c.dtypes[v.buf] == BF16;
+  char* base = c.bufs[v.buf];
+  int64_t k = 0;
+  while (!cur.done) {
+    const int64_t n = cur.run_left, s = cur.inner_stride();
+    if (bf) {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + cur.pos;
+      if (s == 1)
+        for (int64_t i = 0; i < n; ++i) out[k + i] = bf16_to_f32(src[i]);
+      else
+        for (int64_t i = 0; i < n; ++i) out[k + i] = bf16_to_f32(src[i * s]);
+    } else {
+      const float* src = reinterpret_cast<const float*>(base) + cur.pos;
+      if (s == 1)
+        std::memcpy(out + k, src, n * 4);
+      else
+        for (int64_t i = 0; i < n; ++i) out[k + i] = src[i * s];
+    }
+    k += n;
+    cur.advance(n);
+  }
+}
+
+// Stores fp32 values into partition p of v, rounding to its dtype.
+void scatter_row(const Ctx& c, const View& v, int64_t p, const float* in) {
+  Cursor cur(v, 1, p);
+  const bool bf = c.dtypes[v.buf] == BF16;
+  char* base = c.bufs[v.buf];
+  int64_t k = 0;
+  while (!cur.done) {
+    const int64_t n = cur.run_left, s = cur.inner_stride();
+    if (bf) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(base) + cur.pos;
+      if (s == 1)
+        for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(in[k + i]);
+      else
+        for (int64_t i = 0; i < n; ++i) dst[i * s] = f32_to_bf16(in[k + i]);
+    } else {
+      float* dst = reinterpret_cast<float*>(base) + cur.pos;
+      if (s == 1)
+        std::memmove(dst, in + k, n * 4);
+      else
+        for (int64_t i = 0; i < n; ++i) dst[i * s] = in[k + i];
+    }
+    k += n;
+    cur.advance(n);
+  }
+}
+
+// A row of an fp32 view whose free dims are one contiguous run: no copy.
+float* direct_row(const Ctx& c, const View& v, int64_t p, int64_t free) {
+  if (c.dtypes[v.buf] != F32) return nullptr;
+  Cursor cur(v, 1, p);
+  if (cur.run_left != free || (free > 1 && cur.inner_stride() != 1)) return nullptr;
+  return reinterpret_cast<float*>(c.bufs[v.buf]) + cur.pos;
+}
+
+inline float nan_of(float a, float b) { return a + b; }  // propagates the NaN operand
+
+void alu(int64_t op, const float* a, const float* b, float bs, bool bscalar, bool reverse, float* out, int64_t n) {
+  // out = op(a, b) (or op(b, a) when reverse); b is a vector or the scalar bs.
+#define NKI_LOOP(EXPR)                                              \
+  if (bscalar) {                                                    \
+    if (!reverse) for (int64_t i = 0; i < n; ++i) { float x = a[i], y = bs; out[i] = (EXPR); } \
+    else for (int64_t i = 0; i < n; ++i) { float y = a[i], x = bs; out[i] = (EXPR); }         \
+  } else {                                                          \
+    if (!reverse) for (int64_t i = 0; i < n; ++i) { float x = a[i], y = b[i]; out[i] = (EXPR); } \
+    else for (int64_t i = 0; i < n; ++i) { float y = a[i], x = b[i]; out[i] = (EXPR); }         \
+  }                                                                 \
+  break;
+  switch (op) {
+    case A_ADD: NKI_LOOP(x + y)
+    case A_SUB: NKI_LOOP(x - y)
+    case A_MUL: NKI_LOOP(x * y)
+    case A_DIV: NKI_LOOP(x / y)
+    case A_MAX: NKI_LOOP((x != x || y != y) ? nan_of(x, y) : (x > y ? x : y))
+    case A_MIN: NKI_LOOP((x != x || y != y) ? nan_of(x, y) : (x < y ? x : y))
+    case A_EQ: NKI_LOOP(x == y ? 1.0f : 0.0f)
+    case A_NE: NKI_LOOP(x != y ? 1.0f : 0.0f)
+    case A_GT: NKI_LOOP(x > y ? 1.0f : 0.0f)
+    case A_GE: NKI_LOOP(x >= y ? 1.0f : 0.0f)
+    case A_LT: NKI_LOOP(x < y ? 1.0f : 0.0f)
+    case A_LE: NKI_LOOP(x <= y ? 1.0f : 0.0f)
+  }
+#undef NKI_LOOP
+}
+
+void unary(int64_t fn, const float* a, float* out, int64_t n) {
+  switch (fn) {
+    case F_COPY: if (out != a) std::memmove(out, a, n * 4); break;
+    case F_SQUARE: for (int64_t i = 0; i < n; ++i) out[i] = a[i] * a[i]; break;
+    case F_RELU: for (int64_t i = 0; i < n; ++i) { float x = a[i]; out[i] = x != x ? x : (x > 0.0f ? x : 0.0f); } break;
+    case F_RSQRT: for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(a[i]); break;
+    case F_SQRT: for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(a[i]); break;
+    case F_RECIP: for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / a[i]; break;
+    case F_ABS: for (int64_t i = 0; i < n; ++i) out[i] = std::fabs(a[i]); break;
+    case F_NEG: for (int64_t i = 0; i < n; ++i) out[i] = -a[i]; break;
+  }
+}
+
+int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  return 64 - __builtin_clzll(uint64_t(x - 1));
+}
+
+// torch's cascade sum of a contiguous fp32 row (row_sum / multi_row_sum with
+// L-lane accumulators: L = Vectorized<float>::size() when n >= L, else 1).
+template <int L>
+float cascade_sum(const float* x, int64_t n) {
+  const int64_t nv = n / L;           // L-wide loads
+  const int64_t size = nv / 4;        // rows of the ilp-4 view
+  constexpr int kLevels = 4;
+  const int64_t level_power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t level_step = int64_t(1) << level_power;
+  const int64_t level_mask = level_step - 1;
+  float acc[kLevels][4][L];
+  for (int j = 0; j < kLevels; ++j)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < L; ++l) acc[j][k][l] = 0.0f;
+  int64_t i = 0;
+  for (; i + level_step <= size;) {
+    for (int64_t j = 0; j < level_step; ++j, ++i)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < L; ++l) acc[0][k][l] += x[(i * 4 + k) * L + l];
+    for (int j = 1; j < kLevels; ++j) {
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < L; ++l) {
+          acc[j][k][l] += acc[j - 1][k][l];
+          acc[j - 1][k][l] = 0.0f;
+        }
+      const int64_t mask = level_mask << (j * level_power);
+      if ((i & mask) != 0) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < L; ++l) acc[0][k][l] += x[(i * 4 + k) * L + l];
+  for (int j = 1; j < kLevels; ++j)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < L; ++l) acc[0][k][l] += acc[j][k][l];
+  // row_sum: the loads left over by the ilp-4 view, then the 4 partials.
+  for (int64_t v = size * 4; v < nv; ++v)
+    for (int l = 0; l < L; ++l) acc[0][0][l] += x[v * L + l];
+  for (int k = 1; k < 4; ++k)
+    for (int l = 0; l < L; ++l) acc[0][0][l] += acc[0][k][l];
+  if (L == 1) return 0.0f + acc[0][0][0];  // stored by accumulating into a zeroed output
+  float total = 0.0f;
+  for (int64_t k = nv * L; k < n; ++k) total += x[k];
+  for (int l = 0; l < L; ++l) total += acc[0][0][l];
+  return 0.0f + total;
+}
+
+float reduce_row(int64_t op, const float* x, int64_t n) {
+  if (op == A_ADD) return n >= kLanes ? cascade_sum<kLanes>(x, n) : cascade_sum<1>(x, n);
+  float r = x[0];
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    if (v != v) nan = true;
+    r = op == A_MAX ? (v > r ? v : r) : (v < r ? v : r);
+  }
+  if (nan)
+    for (int64_t i = 0; i < n; ++i)
+      if (x[i] != x[i]) return x[i];
+  return r;
+}
+
+float combine(int64_t op, float a, float b) {
+  // torch.stack([a, b]) reduced over dim 0 (the interpreter's register fold).
+  if (op == A_ADD) return 0.0f + ((0.0f + a) + b);
+  if (a != a) return a;
+  if (b != b) return b;
+  return op == A_MAX ? std::max(a, b) : std::min(a, b);
+}
+
+struct Scratch {
+  std::vector<float> a, b, s0, s1, out;
+  void size(int64_t n) {
+    if (int64_t(a.size()) < n) {
+      a.resize(n);
+      b.resize(n);
+      out.resize(n);
+    }
+  }
+};
+
+int64_t free_numel(const View& v) {
+  int64_t n = 1;
+  for (int i = 1; i < v.ndim; ++i) n *= v.shape[i];
+  return n;
+}
+
+int64_t view_numel(const View& v) {
+  int64_t n = 1;
+  for (int i = 0; i < v.ndim; ++i) n *= v.shape[i];
+  return n;
+}
+
+// A per-partition operand: an immediate or a [P, 1] tile.
+float operand_at(const Ctx& c, const int64_t* w, int slot, double imm, int64_t p) {
+  if (w[slot] < 0) return float(imm);
+  View v = read_view(w + kHeader + w[slot] * kViewWords);
+  const int64_t off = v.offset + (v.shape[0] == 1 ? 0 : p * v.stride[0]);  // [1, 1] broadcasts
+  if (c.dtypes[v.buf] == BF16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(c.bufs[v.buf])[off]);
+  return reinterpret_cast<const float*>(c.bufs[v.buf])[off];
+}
+
+void run_fill(const Ctx& c, const View& v, double value) {
+  Cursor cur(v, 0, 0);
+  const bool bf = c.dtypes[v.buf] == BF16;
+  const float f = float(value);
+  const uint16_t h = f32_to_bf16(f);
+  while (!cur.done) {
+    const int64_t n = cur.run_left, s = cur.inner_stride();
+    if (bf) {
+      uint16_t* d = reinterpret_cast<uint16_t*>(c.bufs[v.buf]) + cur.pos;
+      for (int64_t i = 0; i < n; ++i) d[i * s] = h;
+    } else {
+      float* d = reinterpret_cast<float*>(c.bufs[v.buf]) + cur.pos;
+      for (int64_t i = 0; i < n; ++i) d[i * s] = f;
+    }
+    cur.advance(n);
+  }
+}
+
+void run_copy(const Ctx& c, const View& dst, const View& src, Scratch& sc) {
+  // Flat row-major copy; converts through fp32 when the dtypes differ.
+  const int64_t total = view_numel(dst);
+  const bool same = c.dtypes[dst.buf] == c.dtypes[src.buf];
+  const int64_t esize = c.dtypes[dst.buf] == BF16 ? 2 : 4;
+  const bool overlap = dst.buf == src.buf;  // read everything first, as copy_ from a clone
+  (void)sc;
+  Cursor a(dst, 0, 0), b(src, 0, 0);
+  std::vector<char> tmp;
+  char* sbase = c.bufs[src.buf];
+  if (overlap) {
+    // Snapshot the source elements in order.
+    const int64_t ssize = c.dtypes[src.buf] == BF16 ? 2 : 4;
+    tmp.resize(total * ssize);
+    int64_t k = 0;
+    while (!b.done) {
+      const int64_t n = b.run_left, s = b.inner_stride();
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&tmp[(k + i) * ssize], sbase + (b.pos + i * s) * ssize, ssize);
+      k += n;
+      b.advance(n);
+    }
+    View flat{};
+    flat.buf = src.buf;
+    flat.ndim = 1;
+    flat.offset = 0;
+    flat.shape[0] = total;
+    flat.stride[0] = 1;
+    b = Cursor(flat, 0, 0);
+    sbase = tmp.data();
+  }
+  char* dbase = c.bufs[dst.buf];
+  const bool sbf = c.dtypes[src.buf] == BF16, dbf = c.dtypes[dst.buf] == BF16;
+  while (!a.done && !b.done) {
+    const int64_t n = std::min(a.run_left, b.run_left);
+    const int64_t ds = a.inner_stride(), ss = b.inner_stride();
+    if (same) {
+      if (ds == 1 && ss == 1) {
+        std::memmove(dbase + a.pos * esize, sbase + b.pos * esize, n * esize);
+      } else if (esize == 4) {
+        float* d = reinterpret_cast<float*>(dbase) + a.pos;
+        const float* s = reinterpret_cast<const float*>(sbase) + b.pos;
+        for (int64_t i = 0; i < n; ++i) d[i * ds] = s[i * ss];
+      } else {
+        uint16_t* d = reinterpret_cast<uint16_t*>(dbase) + a.pos;
+        const uint16_t* s = reinterpret_cast<const uint16_t*>(sbase) + b.pos;
+        for (int64_t i = 0; i < n; ++i) d[i * ds] = s[i * ss];
+      }
+    } else if (sbf && !dbf) {
+      float* d = reinterpret_cast<float*>(dbase) + a.pos;
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(sbase) + b.pos;
+      for (int64_t i = 0; i < n; ++i) d[i * ds] = bf16_to_f32(s[i * ss]);
+    } else {
+      uint16_t* d = reinterpret_cast<uint16_t*>(dbase) + a.pos;
+      const float* s = reinterpret_cast<const float*>(sbase) + b.pos;
+      for (int64_t i = 0; i < n; ++i) d[i * ds] = f32_to_bf16(s[i * ss]);
+    }
+    a.advance(n);
+    b.advance(n);
+  }
+}
+
+// Elementwise instructions (TT, TS, STT, ACT) and TRED, partition by partition.
+void row(Ctx& c, const int64_t* w, const double* imm, const View& dst, const View& data, int64_t p, int64_t n,
+         int64_t dn, bool store, bool staged, float* staging, Scratch& sc, float* red) {
+  const int64_t opcode = w[0];
+  const float* a = direct_row(c, data, p, n);
+  if (!a) {
+    gather_row(c, data, p, sc.a.data());
+    a = sc.a.data();
+  }
+  float* out = staged ? staging + p * dn : sc.out.data();
+  if (!staged && store && opcode != OP_TRED) {
+    float* d = direct_row(c, dst, p, dn);
+    if (d) out = d;
+  }
+  switch (opcode) {
+    case OP_TT: {
+      const View b = read_view(w + kHeader + 2 * kViewWords);
+      const float* bp = direct_row(c, b, p, n);
+      if (!bp) {
+        gather_row(c, b, p, sc.b.data());
+        bp = sc.b.data();
+      }
+      alu(w[3], a, bp, 0.0f, false, false, out, n);
+      break;
+    }
+    case OP_TS:
+      alu(w[3], a, nullptr, operand_at(c, w, 5, imm[0], p), true, w[4] != 0, out, n);
+      if (w[6] >= 0) alu(w[6], out, nullptr, operand_at(c, w, 8, imm[1], p), true, w[7] != 0, out, n);
+      break;
+    case OP_STT: {
+      alu(w[3], a, nullptr, operand_at(c, w, 5, imm[0], p), true, w[4] != 0, out, n);
+      const View b = read_view(w + kHeader + 2 * kViewWords);
+      const float* bp = direct_row(c, b, p, n);
+      if (!bp) {
+        gather_row(c, b, p, sc.b.data());
+        bp = sc.b.data();
+      }
+      alu(w[6], out, bp, 0.0f, false, w[7] != 0, out, n);
+      break;
+    }
+    case OP_ACT: {
+      // y = fn(x * scale + bias); x * 1.0 is x, so an immediate 1.0 is skipped.
+      const float* x = a;
+      if (!(w[5] < 0 && imm[0] == 1.0)) {
+        alu(A_MUL, a, nullptr, operand_at(c, w, 5, imm[0], p), true, false, out, n);
+        x = out;
+      }
+      if (w[6] != -2) {
+        alu(A_ADD, x, nullptr, operand_at(c, w, 6, imm[1], p), true, false, out, n);
+        x = out;
+      }
+      unary(w[3], x, out, n);
+      if (w[7] == 2 || w[7] == 3) red[p] = reduce_row(A_ADD, out, n);
+      break;
+    }
+    case OP_TRED: {
+      const int64_t m = w[4];  // elements per reduction
+      const int64_t groups = n / m;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float r = reduce_row(w[3], a + g * m, m);
+        out[g] = w[5] ? -r : r;
+      }
+      break;
+    }
+  }
+  if (!staged && store && out == sc.out.data()) scatter_row(c, dst, p, out);
+}
+
+void run_rows(Ctx& c, const int64_t* w, const double* imm, int nthreads) {
+  const int64_t opcode = w[0];
+  const View dst = read_view(w + kHeader);
+  const View data = read_view(w + kHeader + kViewWords);
+  const int64_t P = data.shape[0];
+  const int64_t n = free_numel(data);
+  const bool store = w[1] == 0;   // 1: dst is dead after this instruction
+  const bool staged = w[2] != 0;  // dst overlaps a source: store after all reads
+  const int64_t dn = free_numel(dst);
+  std::vector<float> staging(staged ? P * dn : 0);
+  float red[128];
+  const int threads = (nthreads > 1 && P > 1 && P * n >= 32768) ? nthreads : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch sc;
+    sc.size(std::max(n, dn));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < P; ++p) row(c, w, imm, dst, data, p, n, dn, store, staged, staging.data(), sc, red);
+  }
+  if (staged && store)
+    for (int64_t p = 0; p < P; ++p) scatter_row(c, dst, p, staging.data() + p * dn);
+  if (opcode != OP_ACT) return;
+  // Accumulator registers: 2 reduce, 3 reset_reduce, 4 reset.
+  float* regs = c.regs[w[9]];
+  const int64_t cmd = w[7];
+  if (cmd == 2)
+    for (int64_t p = 0; p < P; ++p) regs[p] = combine(A_ADD, regs[p], red[p]);
+  else if (cmd == 3)
+    for (int64_t p = 0; p < P; ++p) regs[p] = red[p];
+  else if (cmd == 4)
+    for (int64_t p = 0; p < 128; ++p) regs[p] = 0.0f;
+  if (w[8] >= 0) {
+    const View res = read_view(w + kHeader + w[8] * kViewWords);
+    for (int64_t p = 0; p < P; ++p) scatter_row(c, res, p, &regs[p]);
+  }
+}
+
+}  // namespace
+
+extern "C" int nki_run(const int64_t* prog, const double* imms, int64_t ninstr, char** bufs,
+                       const int64_t* dtypes, int64_t nthreads) {
+  Ctx c;
+  c.bufs = bufs;
+  c.dtypes = dtypes;
+  std::memset(c.regs, 0, sizeof(c.regs));
+  Scratch sc;
+  for (int64_t i = 0; i < ninstr; ++i) {
+    const int64_t* w = prog + i * kRecord;
+    const double* imm = imms + i * 2;
+    switch (w[0]) {
+      case OP_FILL: run_fill(c, read_view(w + kHeader), imm[0]); break;
+      case OP_COPY: run_copy(c, read_view(w + kHeader), read_view(w + kHeader + kViewWords), sc); break;
+      default: run_rows(c, w, imm, int(nthreads)); break;
+    }
+  }
+  return 0;
+}
+
+extern "C" int nki_layout(int64_t* out) {
+  out[0] = kMaxDims;
+  out[1] = kMaxViews;
+  out[2] = kHeader;
+  out[3] = kRecord;
+  return 0;
+}
