@@ -239,10 +239,11 @@ def _execute(program, bound, outs):
     # No autograd: kernels write into their arguments in place (autograd
     # for a kernel comes from nki_op(...).register_autograd).
     with torch.no_grad():
-        for sid in outs:
-            bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
         precise = _precise()
         native = _native.plan(program, precise)
+        for sid in outs:
+            if native is None or sid not in native.covered:  # (unobservable when all of it is written)
+                bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
         if native is not None:
             native.run(bound)
         else:

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <vector>
 
+#include <omp.h>
+
 namespace {
 
 constexpr int kMaxDims = 8;
@@ -31,6 +33,7 @@ enum Opcode : int64_t {
   OP_STT = 4,    // scalar_tensor_tensor
   OP_ACT = 5,    // activation (+ accumulator registers)
   OP_TRED = 6,   // tensor_reduce over trailing free elements
+  OP_NOP = 7,    // (profiling: a record switched off)
 };
 
 enum Alu : int64_t {
@@ -355,60 +358,32 @@ float operand_at(const Ctx& c, const int64_t* w, int slot, double imm, int64_t p
   return reinterpret_cast<const float*>(c.bufs[v.buf])[off];
 }
 
-void run_fill(const Ctx& c, const View& v, double value) {
-  Cursor cur(v, 0, 0);
-  const bool bf = c.dtypes[v.buf] == BF16;
+void fill_cursor(const Ctx& c, int64_t buf, Cursor cur, double value) {
+  const bool bf = c.dtypes[buf] == BF16;
   const float f = float(value);
   const uint16_t h = f32_to_bf16(f);
   while (!cur.done) {
     const int64_t n = cur.run_left, s = cur.inner_stride();
     if (bf) {
-      uint16_t* d = reinterpret_cast<uint16_t*>(c.bufs[v.buf]) + cur.pos;
+      uint16_t* d = reinterpret_cast<uint16_t*>(c.bufs[buf]) + cur.pos;
       for (int64_t i = 0; i < n; ++i) d[i * s] = h;
     } else {
-      float* d = reinterpret_cast<float*>(c.bufs[v.buf]) + cur.pos;
+      float* d = reinterpret_cast<float*>(c.bufs[buf]) + cur.pos;
       for (int64_t i = 0; i < n; ++i) d[i * s] = f;
     }
     cur.advance(n);
   }
 }
 
-void run_copy(const Ctx& c, const View& dst, const View& src, Scratch& sc) {
-  // Flat row-major copy; converts through fp32 when the dtypes differ.
-  const int64_t total = view_numel(dst);
-  const bool same = c.dtypes[dst.buf] == c.dtypes[src.buf];
-  const int64_t esize = c.dtypes[dst.buf] == BF16 ? 2 : 4;
-  const bool overlap = dst.buf == src.buf;  // read everything first, as copy_ from a clone
-  (void)sc;
-  Cursor a(dst, 0, 0), b(src, 0, 0);
-  std::vector<char> tmp;
-  char* sbase = c.bufs[src.buf];
-  if (overlap) {
-    // Snapshot the source elements in order.
-    const int64_t ssize = c.dtypes[src.buf] == BF16 ? 2 : 4;
-    tmp.resize(total * ssize);
-    int64_t k = 0;
-    while (!b.done) {
-      const int64_t n = b.run_left, s = b.inner_stride();
-      for (int64_t i = 0; i < n; ++i) std::memcpy(&tmp[(k + i) * ssize], sbase + (b.pos + i * s) * ssize, ssize);
-      k += n;
-      b.advance(n);
-    }
-    View flat{};
-    flat.buf = src.buf;
-    flat.ndim = 1;
-    flat.offset = 0;
-    flat.shape[0] = total;
-    flat.stride[0] = 1;
-    b = Cursor(flat, 0, 0);
-    sbase = tmp.data();
-  }
-  char* dbase = c.bufs[dst.buf];
-  const bool sbf = c.dtypes[src.buf] == BF16, dbf = c.dtypes[dst.buf] == BF16;
+// Element-by-element copy of two cursors' runs, converting through fp32 when
+// the dtypes differ.
+void copy_cursors(const Ctx& c, int64_t dbuf, char* dbase, Cursor a, int64_t sbuf, char* sbase, Cursor b) {
+  const bool sbf = c.dtypes[sbuf] == BF16, dbf = c.dtypes[dbuf] == BF16;
+  const int64_t esize = dbf ? 2 : 4;
   while (!a.done && !b.done) {
     const int64_t n = std::min(a.run_left, b.run_left);
     const int64_t ds = a.inner_stride(), ss = b.inner_stride();
-    if (same) {
+    if (sbf == dbf) {
       if (ds == 1 && ss == 1) {
         std::memmove(dbase + a.pos * esize, sbase + b.pos * esize, n * esize);
       } else if (esize == 4) {
@@ -420,7 +395,7 @@ void run_copy(const Ctx& c, const View& dst, const View& src, Scratch& sc) {
         const uint16_t* s = reinterpret_cast<const uint16_t*>(sbase) + b.pos;
         for (int64_t i = 0; i < n; ++i) d[i * ds] = s[i * ss];
       }
-    } else if (sbf && !dbf) {
+    } else if (sbf) {
       float* d = reinterpret_cast<float*>(dbase) + a.pos;
       const uint16_t* s = reinterpret_cast<const uint16_t*>(sbase) + b.pos;
       for (int64_t i = 0; i < n; ++i) d[i * ds] = bf16_to_f32(s[i * ss]);
@@ -434,20 +409,45 @@ void run_copy(const Ctx& c, const View& dst, const View& src, Scratch& sc) {
   }
 }
 
-// Elementwise instructions (TT, TS, STT, ACT) and TRED, partition by partition.
-void row(Ctx& c, const int64_t* w, const double* imm, const View& dst, const View& data, int64_t p, int64_t n,
-         int64_t dn, bool store, bool staged, float* staging, Scratch& sc, float* red) {
+void run_copy_whole(const Ctx& c, const View& dst, const View& src) {
+  // Flat row-major copy; a source sharing the destination's buffer is read
+  // completely first (the interpreter's copy_ from a clone).
+  const int64_t total = view_numel(dst);
+  char* sbase = c.bufs[src.buf];
+  Cursor b(src, 0, 0);
+  std::vector<char> tmp;
+  if (dst.buf == src.buf) {
+    const int64_t ssize = c.dtypes[src.buf] == BF16 ? 2 : 4;
+    tmp.resize(total * ssize);
+    int64_t k = 0;
+    while (!b.done) {
+      const int64_t n = b.run_left, s = b.inner_stride();
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&tmp[(k + i) * ssize], sbase + (b.pos + i * s) * ssize, ssize);
+      k += n;
+      b.advance(n);
+    }
+    View flat{};
+    flat.buf = src.buf;
+    flat.ndim = 1;
+    flat.shape[0] = total;
+    flat.stride[0] = 1;
+    b = Cursor(flat, 0, 0);
+    sbase = tmp.data();
+  }
+  copy_cursors(c, dst.buf, c.bufs[dst.buf], Cursor(dst, 0, 0), src.buf, sbase, b);
+}
+
+// One partition row of an elementwise instruction (TT, TS, STT, ACT) or
+// TRED into `out`; returns the row's sum for ACT's registers.
+float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View& data, int64_t p, int64_t n,
+                  float* out, Scratch& sc) {
   const int64_t opcode = w[0];
   const float* a = direct_row(c, data, p, n);
   if (!a) {
     gather_row(c, data, p, sc.a.data());
     a = sc.a.data();
   }
-  float* out = staged ? staging + p * dn : sc.out.data();
-  if (!staged && store && opcode != OP_TRED) {
-    float* d = direct_row(c, dst, p, dn);
-    if (d) out = d;
-  }
+  float red = 0.0f;
   switch (opcode) {
     case OP_TT: {
       const View b = read_view(w + kHeader + 2 * kViewWords);
@@ -486,7 +486,7 @@ void row(Ctx& c, const int64_t* w, const double* imm, const View& dst, const Vie
         x = out;
       }
       unary(w[3], x, out, n);
-      if (w[7] == 2 || w[7] == 3) red[p] = reduce_row(A_ADD, out, n);
+      if (w[7] == 2 || w[7] == 3) red = reduce_row(A_ADD, out, n);
       break;
     }
     case OP_TRED: {
@@ -499,62 +499,104 @@ void row(Ctx& c, const int64_t* w, const double* imm, const View& dst, const Vie
       break;
     }
   }
-  if (!staged && store && out == sc.out.data()) scatter_row(c, dst, p, out);
+  return red;
 }
 
-void run_rows(Ctx& c, const int64_t* w, const double* imm, int nthreads) {
+// ACT after its row: the accumulator registers (2 reduce, 3 reset_reduce) and reduce_res.
+void registers_row(Ctx& c, const int64_t* w, int64_t p, float red) {
+  float* regs = c.regs[w[9]];
+  if (w[7] == 2) regs[p] = combine(A_ADD, regs[p], red);
+  else if (w[7] == 3) regs[p] = red;
+  if (w[8] >= 0) scatter_row(c, read_view(w + kHeader + w[8] * kViewWords), p, &regs[p]);
+}
+
+// Partitions [lo, hi) of an instruction. `whole`: one thread runs all of an
+// instruction whose partitions may touch each other's memory (it stages the
+// whole result when dst overlaps a source, and stores before the registers).
+void run_instr(Ctx& c, const int64_t* w, const double* imm, int64_t lo, int64_t hi, bool whole, Scratch& sc) {
   const int64_t opcode = w[0];
+  if (opcode == OP_NOP) return;
   const View dst = read_view(w + kHeader);
+  if (opcode == OP_FILL) {
+    if (whole) {
+      fill_cursor(c, dst.buf, Cursor(dst, 0, 0), imm[0]);
+    } else {
+      for (int64_t p = lo; p < std::min(hi, dst.shape[0]); ++p) fill_cursor(c, dst.buf, Cursor(dst, 1, p), imm[0]);
+    }
+    return;
+  }
   const View data = read_view(w + kHeader + kViewWords);
+  if (opcode == OP_COPY) {
+    if (whole) {
+      run_copy_whole(c, dst, data);
+    } else {
+      for (int64_t p = lo; p < std::min(hi, dst.shape[0]); ++p)
+        copy_cursors(c, dst.buf, c.bufs[dst.buf], Cursor(dst, 1, p), data.buf, c.bufs[data.buf], Cursor(data, 1, p));
+    }
+    return;
+  }
   const int64_t P = data.shape[0];
   const int64_t n = free_numel(data);
-  const bool store = w[1] == 0;   // 1: dst is dead after this instruction
-  const bool staged = w[2] != 0;  // dst overlaps a source: store after all reads
   const int64_t dn = free_numel(dst);
-  std::vector<float> staging(staged ? P * dn : 0);
-  float red[128];
-  const int threads = (nthreads > 1 && P > 1 && P * n >= 32768) ? nthreads : 1;
-#pragma omp parallel num_threads(threads)
-  {
-    Scratch sc;
-    sc.size(std::max(n, dn));
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < P; ++p) row(c, w, imm, dst, data, p, n, dn, store, staged, staging.data(), sc, red);
+  const bool store = w[1] == 0;   // 1: dst is dead after this instruction
+  const bool staged = w[2] != 0;  // dst overlaps a source
+  if (opcode == OP_ACT && w[7] == 4)  // reset: zero the registers (this thread's lanes)
+    for (int64_t p = lo; p < hi; ++p) c.regs[w[9]][p] = 0.0f;
+  hi = std::min(hi, P);
+  std::vector<float> staging(whole && staged ? std::max<int64_t>(hi - lo, 0) * dn : 0);
+  std::vector<float> reds(whole ? std::max<int64_t>(hi - lo, 0) : 0);
+  for (int64_t p = lo; p < hi; ++p) {
+    float* out = sc.out.data();
+    if (whole && staged) out = staging.data() + (p - lo) * dn;
+    else if (!staged && store && opcode != OP_TRED) {
+      float* d = direct_row(c, dst, p, dn);
+      if (d) out = d;
+    }
+    const float red = compute_row(c, w, imm, data, p, n, out, sc);
+    if (store && out == sc.out.data()) scatter_row(c, dst, p, out);
+    if (opcode == OP_ACT) {
+      if (whole) reds[p - lo] = red;
+      else registers_row(c, w, p, red);
+    }
   }
-  if (staged && store)
-    for (int64_t p = 0; p < P; ++p) scatter_row(c, dst, p, staging.data() + p * dn);
-  if (opcode != OP_ACT) return;
-  // Accumulator registers: 2 reduce, 3 reset_reduce, 4 reset.
-  float* regs = c.regs[w[9]];
-  const int64_t cmd = w[7];
-  if (cmd == 2)
-    for (int64_t p = 0; p < P; ++p) regs[p] = combine(A_ADD, regs[p], red[p]);
-  else if (cmd == 3)
-    for (int64_t p = 0; p < P; ++p) regs[p] = red[p];
-  else if (cmd == 4)
-    for (int64_t p = 0; p < 128; ++p) regs[p] = 0.0f;
-  if (w[8] >= 0) {
-    const View res = read_view(w + kHeader + w[8] * kViewWords);
-    for (int64_t p = 0; p < P; ++p) scatter_row(c, res, p, &regs[p]);
-  }
+  if (whole && staged && store)
+    for (int64_t p = lo; p < hi; ++p) scatter_row(c, dst, p, staging.data() + (p - lo) * dn);
+  if (whole && opcode == OP_ACT)
+    for (int64_t p = lo; p < hi; ++p) registers_row(c, w, p, reds[p - lo]);
 }
 
 }  // namespace
 
-extern "C" int nki_run(const int64_t* prog, const double* imms, int64_t ninstr, char** bufs,
-                       const int64_t* dtypes, int64_t nthreads) {
+// Runs a lowered program. Each thread owns a fixed range of partitions for
+// every instruction, so row-local instructions need no synchronisation; the
+// lowering marks where a barrier is needed (w[14]) and which instructions one
+// thread runs whole (w[13]).
+extern "C" int nki_run(const int64_t* prog, const double* imms, int64_t ninstr, char** bufs, const int64_t* dtypes,
+                       int64_t nthreads, int64_t max_free) {
   Ctx c;
   c.bufs = bufs;
   c.dtypes = dtypes;
   std::memset(c.regs, 0, sizeof(c.regs));
-  Scratch sc;
-  for (int64_t i = 0; i < ninstr; ++i) {
-    const int64_t* w = prog + i * kRecord;
-    const double* imm = imms + i * 2;
-    switch (w[0]) {
-      case OP_FILL: run_fill(c, read_view(w + kHeader), imm[0]); break;
-      case OP_COPY: run_copy(c, read_view(w + kHeader), read_view(w + kHeader + kViewWords), sc); break;
-      default: run_rows(c, w, imm, int(nthreads)); break;
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(nthreads, 128)));
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = 128 * t / nt, hi = 128 * (t + 1) / nt;
+    Scratch sc;
+    sc.size(std::max<int64_t>(max_free, 1));
+    for (int64_t i = 0; i < ninstr; ++i) {
+      const int64_t* w = prog + i * kRecord;
+      const double* imm = imms + i * 2;
+      if (w[13] != 0) {
+#pragma omp barrier
+        if (t == 0) run_instr(c, w, imm, 0, 128, true, sc);
+#pragma omp barrier
+      } else {
+        if (w[14] != 0) {
+#pragma omp barrier
+        }
+        run_instr(c, w, imm, lo, hi, false, sc);
+      }
     }
   }
   return 0;

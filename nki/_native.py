@@ -30,6 +30,7 @@ import torch
 
 from . import _dtypes
 from ._errors import NKIError
+from ._tensor import NkiTensor
 
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
@@ -84,7 +85,7 @@ def library():
                 fn = lib.nki_run
                 fn.restype = ctypes.c_int
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_void_p, ctypes.c_int64]
+                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
                 layout = (ctypes.c_int64 * 4)()
                 lib.nki_layout(layout)
                 if tuple(layout) != (MAX_DIMS, MAX_VIEWS, HEADER, RECORD):
@@ -112,6 +113,7 @@ class _Lowering:
                 raise Unsupported(f"{_dtypes.name(st.dtype)} tensors")
             self.dtypes[st.id] = dtype
         self.words, self.imms = [], []
+        self.access = []  # per record: (written views, read views)
 
     def view(self, v):
         if v.ndim > MAX_DIMS or v.ndim == 0:
@@ -120,7 +122,8 @@ class _Lowering:
         strides = list(v.strides) + [0] * (MAX_DIMS - v.ndim)
         return [v.storage.id, v.ndim, v.offset] + shape + strides
 
-    def emit(self, opcode, views, header=(), imms=(0.0, 0.0)):
+    def emit(self, opcode, views, header=(), imms=(0.0, 0.0), written=1):
+        self.access.append((list(views[:written]), list(views[written:])))
         w = [opcode] + list(header)
         w += [-1] * (HEADER - len(w))
         for v in views:
@@ -155,10 +158,7 @@ def _operand(low, x, slot, views):
     return -1, float(torch.tensor(float(x), dtype=torch.float32))
 
 
-def _lower_instr(low, ins, dead):
-    ir = ins.ir
-    if ir is None:
-        raise Unsupported(ins.name)
+def _lower_instr(low, ins, ir, dead):
     kind, a = ir
     if kind == "copy":
         dst, src = a["dst"], a["src"]
@@ -249,6 +249,8 @@ def _lower_instr(low, ins, dead):
     header = [int(dead), int(staged)] + header
     low.emit({"tensor_tensor": OP_TT, "tensor_scalar": OP_TS, "scalar_tensor_tensor": OP_STT,
               "activation": OP_ACT, "tensor_reduce": OP_TRED}[kind], views, header, imms)
+    if kind == "activation" and a["reduce_res"] is not None:
+        low.access[-1][0].append(a["reduce_res"])
     return dst, views[1:]
 
 
@@ -263,10 +265,78 @@ def _check_sum(data, m=None):
         raise Unsupported("a reduction over a permuted view")
 
 
+def _writes(ir):
+    kind, a = ir
+    out = [a["dst"]]
+    if kind == "activation" and a["reduce_res"] is not None:
+        out.append(a["reduce_res"])
+    return out
+
+
+def _reads(ir):
+    kind, a = ir
+    return [v for k, v in a.items() if k not in ("dst", "reduce_res") and _is_tensor(v)]
+
+
+def _whole(v):
+    return v.is_contiguous() and v.offset == 0 and v.size == v.storage.numel
+
+
+def _forward(instrs, first, last, bound, dtypes):
+    """DMA elision. A tile loaded whole from another tensor and never written
+    again, while that tensor is not written either, reads the tensor in place
+    (``subst``: storage -> (storage, offset)); a tile written whole, then
+    stored whole by a copy that is its last use, is written at the copy's
+    destination directly. The elided copies are ``skip``ped."""
+    subst, skip = {}, set()
+    rw = [(_writes(ins.ir), _reads(ins.ir)) for ins in instrs]
+
+    def touches(j, sid, span=None, writes_only=False):
+        views = rw[j][0] if writes_only else rw[j][0] + rw[j][1]
+        return any(v.storage.id == sid and (span is None or _overlaps([span], _span(v))) for v in views)
+
+    for k, ins in enumerate(instrs):
+        kind, a = ins.ir
+        if kind != "copy":
+            continue
+        dst, src = a["dst"], a["src"]
+        d, s = dst.storage.id, src.storage.id
+        if d == s or dtypes[d] != dtypes[s] or d in subst or s in subst:
+            continue
+        if d not in bound and first[d] == k and _whole(dst) and src.is_contiguous() and not any(
+                touches(j, d, writes_only=True) or touches(j, s, writes_only=True)
+                for j in range(k + 1, last[d] + 1)):
+            subst[d] = (src.storage, src.offset)
+            skip.add(k)
+            continue
+        f = first.get(s)
+        if s not in bound and last[s] == k and _whole(src) and dst.is_contiguous() and f is not None and f < k:
+            fw = instrs[f].ir[1]["dst"]
+            span = (dst.offset, dst.offset + dst.size - 1)
+            if fw.storage.id == s and _whole(fw) and not any(v.storage.id == s for v in rw[f][1]) and not any(
+                    touches(j, d, span) for j in range(f, k)):
+                subst[s] = (dst.storage, dst.offset)
+                skip.add(k)
+    return subst, skip
+
+
+def _mapped(ir, subst):
+    def m(v):
+        if _is_tensor(v) and v.storage.id in subst:
+            st, delta = subst[v.storage.id]
+            return NkiTensor(st, v.shape, v.strides, v.offset + delta, _check=False)
+        return v
+    kind, a = ir
+    return kind, {k: m(v) for k, v in a.items()}
+
+
 class NativeProgram:
     def __init__(self, program, precise):
         low = _Lowering(program, precise)
         instrs = program.instrs
+        for ins in instrs:
+            if ins.ir is None:
+                raise Unsupported(ins.name)
         first, last = {}, {}
         for i, ins in enumerate(instrs):
             for t in ins.tensors:
@@ -280,18 +350,23 @@ class NativeProgram:
         for sid in first:
             if sid not in bound and sid not in on_chip:
                 last[sid] = end  # private HBM lives for the whole launch
+        subst, skip = _forward(instrs, first, last, bound, low.dtypes)
         # Arena offsets: reuse a slot once its previous storage is dead.
-        slots = []  # [offset, size, busy_until]
+        # Only a storage of the same layout (partitions x row bytes) reuses a slot:
+        # partition p then stays in the same bytes, owned by the same thread.
+        slots = []  # [offset, layout, busy_until]
         self.offsets, top = {}, 0
-        for sid in sorted((s for s in first if s not in bound), key=lambda s: first[s]):
+        for sid in sorted((s for s in first if s not in bound and s not in subst), key=lambda s: first[s]):
             st = program.storages[sid]
             size = -(-st.numel * low.dtypes[sid].itemsize // _ALIGN) * _ALIGN
+            layout = (st.shape[0] if st.shape else 1, st.row * low.dtypes[sid].itemsize, size)
             best = None
             for slot in slots:
-                if slot[2] < first[sid] and slot[1] >= size and (best is None or slot[1] < best[1]):
+                if slot[2] < first[sid] and slot[1] == layout:
                     best = slot
+                    break
             if best is None:
-                best = [top, size, -1]
+                best = [top, layout, -1]
                 slots.append(best)
                 top += size
             best[2] = last[sid]
@@ -299,6 +374,8 @@ class NativeProgram:
         self.arena_bytes = max(top, _ALIGN)
         filled = set()
         for i, ins in enumerate(instrs):
+            if i in skip:
+                continue
             # Fresh buffers read before a whole write get the NaN sentinel.
             dst, srcs = None, []
             try:
@@ -307,18 +384,36 @@ class NativeProgram:
                 raise
             for t in ins.tensors:
                 sid = t.storage.id
-                if sid in bound or sid in filled:
+                if sid in bound or sid in filled or sid in subst:
                     continue
                 filled.add(sid)
                 whole = dst is not None and dst.storage.id == sid and dst.is_contiguous() and dst.offset == 0 \
                     and dst.size == t.storage.numel and all(s.storage.id != sid for s in srcs)
                 if not whole:
                     st = t.storage
-                    from ._tensor import NkiTensor
-                    low.emit(OP_FILL, [NkiTensor(st, (st.numel,), _check=False)],
-                             imms=(_dtypes.sentinel(st.dtype),))
-            dead = dst is not None and dst.storage.id not in bound and last[dst.storage.id] == i
-            _lower_instr(low, ins, dead)
+                    shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
+                    low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
+            ir = _mapped(ins.ir, subst)
+            d = ir[1]["dst"].storage.id
+            dead = d not in bound and last[d] == i
+            _lower_instr(low, ins, ir, dead)
+        _schedule(low)
+        # Outputs every element of which the kernel writes need no NaN fill first.
+        spans = {}
+        for outs, _ins in low.access:
+            for v in outs:
+                if v.storage.id in bound and v.is_contiguous():
+                    spans.setdefault(v.storage.id, []).append((v.offset, v.offset + v.size))
+        self.covered = set()
+        for sid, sp in spans.items():
+            end = 0
+            for a, b in sorted(sp):
+                if a > end:
+                    break
+                end = max(end, b)
+            if end >= program.storages[sid].numel:
+                self.covered.add(sid)
+        self.max_free = max([1] + [math.prod(v.shape[1:]) for w, r in low.access for v in w + r])
         self.ninstr = len(low.words)
         self.words = torch.tensor(low.words, dtype=torch.int64).reshape(-1)
         self.imms = torch.tensor(low.imms, dtype=torch.float64).reshape(-1)
@@ -339,10 +434,64 @@ class NativeProgram:
             if t.dtype not in _DTYPES or not t.is_contiguous():
                 raise NKIError(f"nki native executor: bound buffer {sid} is {t.dtype}")
             ptrs[sid] = t.data_ptr()
+        threads = torch.get_num_threads()
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in
+                       (bound[sid] for sid in self.bound))
+        if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+            threads = 1  # aliased arguments: the schedule assumes distinct HBM tensors
         rc = lib.nki_run(self.words.data_ptr(), self.imms.data_ptr(), self.ninstr, ctypes.addressof(ptrs),
-                         self.dtypes.data_ptr(), torch.get_num_threads())
+                         self.dtypes.data_ptr(), threads, self.max_free)
         if rc != 0:
             raise NKIError(f"nki native executor failed ({rc})")
+
+
+def _aligned(v, P):
+    """Partition p of ``v`` is row p of its on-chip storage (so the thread
+    owning partition p is the only one touching that row)."""
+    st = v.storage
+    if not st.buffer.on_chip:
+        return True
+    return v.ndim > 0 and v.shape[0] == P and v.offset < st.row and (P == 1 or v.strides[0] == st.row)
+
+
+def _span(v):
+    last = v.offset + sum((n - 1) * s for n, s in zip(v.shape, v.strides))
+    return v.offset, last
+
+
+def _overlaps(spans, span):
+    return any(a <= span[1] and span[0] <= b for a, b in spans)
+
+
+def _schedule(low):
+    """Marks each record: run whole by one thread (w[13]) when its partitions
+    can touch each other's memory, and a barrier before it (w[14]) when it
+    reads or writes HBM that an earlier record since the last barrier wrote
+    (or writes HBM one read)."""
+    written, read = {}, {}
+    for w, (outs, ins) in zip(low.words, low.access):
+        views = outs + ins
+        P = outs[0].shape[0] if outs[0].ndim else 1
+        rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
+        if w[0] == OP_COPY:
+            rowwise = rowwise and outs[0].storage.id != ins[0].storage.id
+        elif w[0] == OP_FILL:
+            rowwise = outs[0].storage.buffer.on_chip
+        if not rowwise:
+            w[13], w[14] = 1, 0
+            written, read = {}, {}
+            continue
+        hbm_out = [(v.storage.id, _span(v)) for v in outs if not v.storage.buffer.on_chip]
+        hbm_in = [(v.storage.id, _span(v)) for v in ins if not v.storage.buffer.on_chip]
+        conflict = any(_overlaps(written.get(sid, ()), sp) or _overlaps(read.get(sid, ()), sp) for sid, sp in hbm_out) \
+            or any(_overlaps(written.get(sid, ()), sp) for sid, sp in hbm_in)
+        if conflict:
+            written, read = {}, {}
+        w[13], w[14] = 0, int(conflict)
+        for sid, sp in hbm_out:
+            written.setdefault(sid, []).append(sp)
+        for sid, sp in hbm_in:
+            read.setdefault(sid, []).append(sp)
 
 
 def _peek(ins):
