@@ -50,6 +50,7 @@ struct View {
   int64_t buf, ndim, offset;
   int64_t shape[kMaxDims];
   int64_t stride[kMaxDims];
+  int64_t run;  // free elements per partition when they are one contiguous run, else -1
 };
 
 // Program layout (int64 words): per instruction a fixed record.
@@ -61,6 +62,8 @@ constexpr int kRecord = kHeader + kMaxViews * kViewWords;
 struct Ctx {
   char** bufs;       // base pointer per buffer
   const int64_t* dtypes;
+  const int64_t* prog;
+  std::vector<View> views;  // parsed views, kMaxViews per record
   float regs[2][128];  // accumulator registers: [0] vector engine, [1] scalar engine
 };
 
@@ -88,7 +91,21 @@ View read_view(const int64_t* w) {
     v.shape[i] = w[3 + i];
     v.stride[i] = w[3 + kMaxDims + i];
   }
+  // Free dims that coalesce into one stride-1 run (the common tile layout).
+  int64_t expect = 1, n = 1;
+  bool run = true;
+  for (int i = int(v.ndim) - 1; i >= 1; --i) {
+    if (v.shape[i] == 1) continue;
+    if (v.stride[i] != expect) run = false;
+    expect *= v.shape[i];
+    n *= v.shape[i];
+  }
+  v.run = run ? n : -1;
   return v;
+}
+
+inline const View& V(const Ctx& c, const int64_t* w, int64_t slot) {
+  return c.views[((w - c.prog) / kRecord) * kMaxViews + slot];
 }
 
 // Iterates a (sub)view in row-major order as runs along its innermost dim.
@@ -150,9 +167,19 @@ struct Cursor {
 
 // fp32 values of the flat free elements of partition p, in row-major order.
 void gather_row(const Ctx& c, const View& v, int64_t p, float* out) {
-  Cursor cur(v, 1, p);
   const bool bf = c.dtypes[v.buf] == BF16;
   char* base = c.bufs[v.buf];
+  if (v.run >= 0) {
+    const int64_t off = v.offset + p * v.stride[0];
+    if (bf) {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + off;
+      for (int64_t i = 0; i < v.run; ++i) out[i] = bf16_to_f32(src[i]);
+    } else {
+      std::memcpy(out, reinterpret_cast<const float*>(base) + off, v.run * 4);
+    }
+    return;
+  }
+  Cursor cur(v, 1, p);
   int64_t k = 0;
   while (!cur.done) {
     const int64_t n = cur.run_left, s = cur.inner_stride();
@@ -166,6 +193,8 @@ void gather_row(const Ctx& c, const View& v, int64_t p, float* out) {
       const float* src = reinterpret_cast<const float*>(base) + cur.pos;
       if (s == 1)
         std::memcpy(out + k, src, n * 4);
+      else if (s == 2)  // a constant stride lets the compiler vectorise (pooling windows)
+        for (int64_t i = 0; i < n; ++i) out[k + i] = src[i * 2];
       else
         for (int64_t i = 0; i < n; ++i) out[k + i] = src[i * s];
     }
@@ -176,9 +205,19 @@ void gather_row(const Ctx& c, const View& v, int64_t p, float* out) {
 
 // Stores fp32 values into partition p of v, rounding to its dtype.
 void scatter_row(const Ctx& c, const View& v, int64_t p, const float* in) {
-  Cursor cur(v, 1, p);
   const bool bf = c.dtypes[v.buf] == BF16;
   char* base = c.bufs[v.buf];
+  if (v.run >= 0) {
+    const int64_t off = v.offset + p * v.stride[0];
+    if (bf) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(base) + off;
+      for (int64_t i = 0; i < v.run; ++i) dst[i] = f32_to_bf16(in[i]);
+    } else {
+      std::memmove(reinterpret_cast<float*>(base) + off, in, v.run * 4);
+    }
+    return;
+  }
+  Cursor cur(v, 1, p);
   int64_t k = 0;
   while (!cur.done) {
     const int64_t n = cur.run_left, s = cur.inner_stride();
@@ -202,10 +241,8 @@ void scatter_row(const Ctx& c, const View& v, int64_t p, const float* in) {
 
 // A row of an fp32 view whose free dims are one contiguous run: no copy.
 float* direct_row(const Ctx& c, const View& v, int64_t p, int64_t free) {
-  if (c.dtypes[v.buf] != F32) return nullptr;
-  Cursor cur(v, 1, p);
-  if (cur.run_left != free || (free > 1 && cur.inner_stride() != 1)) return nullptr;
-  return reinterpret_cast<float*>(c.bufs[v.buf]) + cur.pos;
+  if (c.dtypes[v.buf] != F32 || v.run != free) return nullptr;
+  return reinterpret_cast<float*>(c.bufs[v.buf]) + v.offset + p * v.stride[0];
 }
 
 inline float nan_of(float a, float b) { return a + b; }  // propagates the NaN operand
@@ -352,7 +389,7 @@ int64_t view_numel(const View& v) {
 // A per-partition operand: an immediate or a [P, 1] tile.
 float operand_at(const Ctx& c, const int64_t* w, int slot, double imm, int64_t p) {
   if (w[slot] < 0) return float(imm);
-  View v = read_view(w + kHeader + w[slot] * kViewWords);
+  const View& v = V(c, w, w[slot]);
   const int64_t off = v.offset + (v.shape[0] == 1 ? 0 : p * v.stride[0]);  // [1, 1] broadcasts
   if (c.dtypes[v.buf] == BF16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(c.bufs[v.buf])[off]);
   return reinterpret_cast<const float*>(c.bufs[v.buf])[off];
@@ -450,7 +487,7 @@ float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View&
   float red = 0.0f;
   switch (opcode) {
     case OP_TT: {
-      const View b = read_view(w + kHeader + 2 * kViewWords);
+      const View& b = V(c, w, 2);
       const float* bp = direct_row(c, b, p, n);
       if (!bp) {
         gather_row(c, b, p, sc.b.data());
@@ -465,7 +502,7 @@ float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View&
       break;
     case OP_STT: {
       alu(w[3], a, nullptr, operand_at(c, w, 5, imm[0], p), true, w[4] != 0, out, n);
-      const View b = read_view(w + kHeader + 2 * kViewWords);
+      const View& b = V(c, w, 2);
       const float* bp = direct_row(c, b, p, n);
       if (!bp) {
         gather_row(c, b, p, sc.b.data());
@@ -507,7 +544,7 @@ void registers_row(Ctx& c, const int64_t* w, int64_t p, float red) {
   float* regs = c.regs[w[9]];
   if (w[7] == 2) regs[p] = combine(A_ADD, regs[p], red);
   else if (w[7] == 3) regs[p] = red;
-  if (w[8] >= 0) scatter_row(c, read_view(w + kHeader + w[8] * kViewWords), p, &regs[p]);
+  if (w[8] >= 0) scatter_row(c, V(c, w, w[8]), p, &regs[p]);
 }
 
 // Partitions [lo, hi) of an instruction. `whole`: one thread runs all of an
@@ -516,7 +553,7 @@ void registers_row(Ctx& c, const int64_t* w, int64_t p, float red) {
 void run_instr(Ctx& c, const int64_t* w, const double* imm, int64_t lo, int64_t hi, bool whole, Scratch& sc) {
   const int64_t opcode = w[0];
   if (opcode == OP_NOP) return;
-  const View dst = read_view(w + kHeader);
+  const View& dst = V(c, w, 0);
   if (opcode == OP_FILL) {
     if (whole) {
       fill_cursor(c, dst.buf, Cursor(dst, 0, 0), imm[0]);
@@ -525,7 +562,7 @@ void run_instr(Ctx& c, const int64_t* w, const double* imm, int64_t lo, int64_t 
     }
     return;
   }
-  const View data = read_view(w + kHeader + kViewWords);
+  const View& data = V(c, w, 1);
   if (opcode == OP_COPY) {
     if (whole) {
       run_copy_whole(c, dst, data);
@@ -576,27 +613,46 @@ extern "C" int nki_run(const int64_t* prog, const double* imms, int64_t ninstr, 
   Ctx c;
   c.bufs = bufs;
   c.dtypes = dtypes;
+  c.prog = prog;
+  c.views.resize(ninstr * kMaxViews);
+  for (int64_t i = 0; i < ninstr; ++i)
+    for (int k = 0; k < kMaxViews; ++k) c.views[i * kMaxViews + k] = read_view(prog + i * kRecord + kHeader + k * kViewWords);
   std::memset(c.regs, 0, sizeof(c.regs));
   const int threads = int(std::max<int64_t>(1, std::min<int64_t>(nthreads, 128)));
+  // Rows per step of a segment: about 128 KiB of the widest row, so a step's
+  // rows stay in L2 from one record to the next while DMA-like streams stay long.
+  const int64_t block = std::max<int64_t>(1, (int64_t(128) << 10) / (4 * std::max<int64_t>(max_free, 1)));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t lo = 128 * t / nt, hi = 128 * (t + 1) / nt;
     Scratch sc;
     sc.size(std::max<int64_t>(max_free, 1));
-    for (int64_t i = 0; i < ninstr; ++i) {
+    for (int64_t i = 0; i < ninstr;) {
       const int64_t* w = prog + i * kRecord;
-      const double* imm = imms + i * 2;
       if (w[13] != 0) {
 #pragma omp barrier
-        if (t == 0) run_instr(c, w, imm, 0, 128, true, sc);
+        if (t == 0) run_instr(c, w, imms + i * 2, 0, 128, true, sc);
 #pragma omp barrier
-      } else {
-        if (w[14] != 0) {
-#pragma omp barrier
-        }
-        run_instr(c, w, imm, lo, hi, false, sc);
+        ++i;
+        continue;
       }
+      if (w[14] != 0) {
+#pragma omp barrier
+      }
+      // A segment of partition-local records (up to the next barrier, whole
+      // record or loop iteration) runs a block of partitions at a time: all
+      // of its records on rows [p, p + block), then the next block, so rows
+      // stay in cache from one instruction to the next (the lowering
+      // guarantees no record reads what another writes in a different
+      // partition, or HBM another writes).
+      int64_t j = i + 1;
+      while (j < ninstr && prog[j * kRecord + 13] == 0 && prog[j * kRecord + 14] == 0 && prog[j * kRecord + 15] == 0)
+        ++j;
+      for (int64_t p = lo; p < hi; p += block)
+        for (int64_t k = i; k < j; ++k)
+          run_instr(c, prog + k * kRecord, imms + k * 2, p, std::min(p + block, hi), false, sc);
+      i = j;
     }
   }
   return 0;

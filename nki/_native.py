@@ -30,7 +30,7 @@ import torch
 
 from . import _dtypes
 from ._errors import NKIError
-from ._tensor import NkiTensor
+from ._tensor import NkiTensor, _contiguous_strides
 
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
@@ -303,19 +303,29 @@ def _forward(instrs, first, last, bound, dtypes):
         d, s = dst.storage.id, src.storage.id
         if d == s or dtypes[d] != dtypes[s] or d in subst or s in subst:
             continue
-        if d not in bound and first[d] == k and _whole(dst) and src.is_contiguous() and not any(
+        if d not in bound and first[d] == k and _whole(dst) and not any(
                 touches(j, d, writes_only=True) or touches(j, s, writes_only=True)
                 for j in range(k + 1, last[d] + 1)):
-            subst[d] = (src.storage, src.offset)
-            skip.add(k)
-            continue
+            if src.is_contiguous():
+                subst[d] = (src.storage, src.offset, None)
+                skip.add(k)
+                continue
+            # A strided source (a broadcast weight, say): views of the tile
+            # that are boxes of it map coordinate by coordinate.
+            box = _contiguous_strides(dst.storage.shape)
+            if tuple(src.shape) == tuple(dst.storage.shape) and all(
+                    v.strides == box for j in range(k + 1, last[d] + 1) for v in rw[j][0] + rw[j][1]
+                    if v.storage.id == d):
+                subst[d] = (src.storage, src.offset, (dst.storage.shape, box, src.strides))
+                skip.add(k)
+                continue
         f = first.get(s)
         if s not in bound and last[s] == k and _whole(src) and dst.is_contiguous() and f is not None and f < k:
             fw = instrs[f].ir[1]["dst"]
             span = (dst.offset, dst.offset + dst.size - 1)
             if fw.storage.id == s and _whole(fw) and not any(v.storage.id == s for v in rw[f][1]) and not any(
                     touches(j, d, span) for j in range(f, k)):
-                subst[s] = (dst.storage, dst.offset)
+                subst[s] = (dst.storage, dst.offset, None)
                 skip.add(k)
     return subst, skip
 
@@ -323,8 +333,12 @@ def _forward(instrs, first, last, bound, dtypes):
 def _mapped(ir, subst):
     def m(v):
         if _is_tensor(v) and v.storage.id in subst:
-            st, delta = subst[v.storage.id]
-            return NkiTensor(st, v.shape, v.strides, v.offset + delta, _check=False)
+            st, delta, box = subst[v.storage.id]
+            if box is None:
+                return NkiTensor(st, v.shape, v.strides, v.offset + delta, _check=False)
+            shape, strides, src_strides = box
+            off = delta + sum((v.offset // cs) % n * ss for n, cs, ss in zip(shape, strides, src_strides))
+            return NkiTensor(st, v.shape, src_strides, off, _check=False)
         return v
     kind, a = ir
     return kind, {k: m(v) for k, v in a.items()}
@@ -398,6 +412,23 @@ class NativeProgram:
             dead = d not in bound and last[d] == i
             _lower_instr(low, ins, ir, dead)
         _schedule(low)
+        # Records of one barrier-free stretch run row-interleaved (nki_run); a
+        # loop's next iteration (a record writing an arena slot that another
+        # storage used in this stretch) starts a new group (w[15]), so rows of
+        # different iterations (a fixed stride apart in memory) do not compete
+        # for the same cache sets.
+        owner = {}
+        for w, (outs, _ins) in zip(low.words, low.access):
+            if w[13] or w[14]:
+                owner = {}
+            w[15] = 0
+            for v in outs:
+                off = self.offsets.get(v.storage.id)
+                if off is not None and owner.get(off, v.storage.id) != v.storage.id:
+                    w[15], owner = 1, {}
+            for v in outs:
+                if v.storage.id in self.offsets:
+                    owner[self.offsets[v.storage.id]] = v.storage.id
         # Outputs every element of which the kernel writes need no NaN fill first.
         spans = {}
         for outs, _ins in low.access:
