@@ -187,6 +187,8 @@ void gather_row(const Ctx& c, const View& v, int64_t p, float* out) {
       const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + cur.pos;
       if (s == 1)
         for (int64_t i = 0; i < n; ++i) out[k + i] = bf16_to_f32(src[i]);
+      else if (s == 2)
+        for (int64_t i = 0; i < n; ++i) out[k + i] = bf16_to_f32(src[i * 2]);
       else
         for (int64_t i = 0; i < n; ++i) out[k + i] = bf16_to_f32(src[i * s]);
     } else {
@@ -288,6 +290,53 @@ void unary(int64_t fn, const float* a, float* out, int64_t n) {
   }
 }
 
+template <int OP>
+inline float apply(float x, float y) {
+  if constexpr (OP == A_ADD) return x + y;
+  else if constexpr (OP == A_SUB) return x - y;
+  else if constexpr (OP == A_MUL) return x * y;
+  else if constexpr (OP == A_MAX) return (x != x || y != y) ? nan_of(x, y) : (x > y ? x : y);
+  else return (x != x || y != y) ? nan_of(x, y) : (x < y ? x : y);
+}
+
+// scalar_tensor_tensor in one pass: out = op1(op0(a, s), b).
+template <int O0, int O1>
+void stt_fused(const float* a, float s, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = apply<O1>(apply<O0>(a[i], s), b[i]);
+}
+
+template <int FN>
+inline float activate(float x) {
+  if constexpr (FN == F_COPY) return x;
+  else if constexpr (FN == F_SQUARE) return x * x;
+  else if constexpr (FN == F_RELU) return x != x ? x : (x > 0.0f ? x : 0.0f);
+  else if constexpr (FN == F_RSQRT) return 1.0f / std::sqrt(x);
+  else if constexpr (FN == F_SQRT) return std::sqrt(x);
+  else if constexpr (FN == F_RECIP) return 1.0f / x;
+  else if constexpr (FN == F_ABS) return std::fabs(x);
+  else return -x;
+}
+
+// activation in one pass: out = fn(a * scale + bias) (the same fp32 steps).
+template <int FN>
+void act_fused(const float* a, float scale, float bias, bool has_bias, float* out, int64_t n) {
+  if (has_bias)
+    for (int64_t i = 0; i < n; ++i) out[i] = activate<FN>(a[i] * scale + bias);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = activate<FN>(a[i] * scale);
+}
+
+using ActFn = void (*)(const float*, float, float, bool, float*, int64_t);
+constexpr ActFn act_table[8] = {act_fused<F_COPY>, act_fused<F_SQUARE>, act_fused<F_RELU>, act_fused<F_RSQRT>,
+                                act_fused<F_SQRT>, act_fused<F_RECIP>, act_fused<F_ABS>, act_fused<F_NEG>};
+
+using SttFn = void (*)(const float*, float, const float*, float*, int64_t);
+template <int O0>
+constexpr SttFn stt_row[5] = {stt_fused<O0, A_ADD>, stt_fused<O0, A_SUB>, stt_fused<O0, A_MUL>,
+                              stt_fused<O0, A_MAX>, stt_fused<O0, A_MIN>};
+constexpr const SttFn* stt_table[5] = {stt_row<A_ADD>, stt_row<A_SUB>, stt_row<A_MUL>, stt_row<A_MAX>,
+                                       stt_row<A_MIN>};
+
 int64_t ceil_log2(int64_t x) {
   if (x <= 2) return 1;
   return 64 - __builtin_clzll(uint64_t(x - 1));
@@ -295,8 +344,15 @@ int64_t ceil_log2(int64_t x) {
 
 // torch's cascade sum of a contiguous fp32 row (row_sum / multi_row_sum with
 // L-lane accumulators: L = Vectorized<float>::size() when n >= L, else 1).
-template <int L>
-float cascade_sum(const float* x, int64_t n) {
+struct Identity {
+  float operator()(float v) const { return v; }
+};
+struct Square {  // the sum of an activation's squares without storing them
+  float operator()(float v) const { return v * v; }
+};
+
+template <int L, class Fn = Identity>
+float cascade_sum(const float* x, int64_t n, Fn f = Fn()) {
   const int64_t nv = n / L;           // L-wide loads
   const int64_t size = nv / 4;        // rows of the ilp-4 view
   constexpr int kLevels = 4;
@@ -311,7 +367,7 @@ float cascade_sum(const float* x, int64_t n) {
   for (; i + level_step <= size;) {
     for (int64_t j = 0; j < level_step; ++j, ++i)
       for (int k = 0; k < 4; ++k)
-        for (int l = 0; l < L; ++l) acc[0][k][l] += x[(i * 4 + k) * L + l];
+        for (int l = 0; l < L; ++l) acc[0][k][l] += f(x[(i * 4 + k) * L + l]);
     for (int j = 1; j < kLevels; ++j) {
       for (int k = 0; k < 4; ++k)
         for (int l = 0; l < L; ++l) {
@@ -324,18 +380,18 @@ float cascade_sum(const float* x, int64_t n) {
   }
   for (; i < size; ++i)
     for (int k = 0; k < 4; ++k)
-      for (int l = 0; l < L; ++l) acc[0][k][l] += x[(i * 4 + k) * L + l];
+      for (int l = 0; l < L; ++l) acc[0][k][l] += f(x[(i * 4 + k) * L + l]);
   for (int j = 1; j < kLevels; ++j)
     for (int k = 0; k < 4; ++k)
       for (int l = 0; l < L; ++l) acc[0][k][l] += acc[j][k][l];
   // row_sum: the loads left over by the ilp-4 view, then the 4 partials.
   for (int64_t v = size * 4; v < nv; ++v)
-    for (int l = 0; l < L; ++l) acc[0][0][l] += x[v * L + l];
+    for (int l = 0; l < L; ++l) acc[0][0][l] += f(x[v * L + l]);
   for (int k = 1; k < 4; ++k)
     for (int l = 0; l < L; ++l) acc[0][0][l] += acc[0][k][l];
   if (L == 1) return 0.0f + acc[0][0][0];  // stored by accumulating into a zeroed output
   float total = 0.0f;
-  for (int64_t k = nv * L; k < n; ++k) total += x[k];
+  for (int64_t k = nv * L; k < n; ++k) total += f(x[k]);
   for (int l = 0; l < L; ++l) total += acc[0][0][l];
   return 0.0f + total;
 }
@@ -477,7 +533,7 @@ void run_copy_whole(const Ctx& c, const View& dst, const View& src) {
 // One partition row of an elementwise instruction (TT, TS, STT, ACT) or
 // TRED into `out`; returns the row's sum for ACT's registers.
 float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View& data, int64_t p, int64_t n,
-                  float* out, Scratch& sc) {
+                  float* out, Scratch& sc, bool store) {
   const int64_t opcode = w[0];
   const float* a = direct_row(c, data, p, n);
   if (!a) {
@@ -501,28 +557,34 @@ float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View&
       if (w[6] >= 0) alu(w[6], out, nullptr, operand_at(c, w, 8, imm[1], p), true, w[7] != 0, out, n);
       break;
     case OP_STT: {
-      alu(w[3], a, nullptr, operand_at(c, w, 5, imm[0], p), true, w[4] != 0, out, n);
       const View& b = V(c, w, 2);
       const float* bp = direct_row(c, b, p, n);
       if (!bp) {
         gather_row(c, b, p, sc.b.data());
         bp = sc.b.data();
       }
-      alu(w[6], out, bp, 0.0f, false, w[7] != 0, out, n);
+      const float s0 = operand_at(c, w, 5, imm[0], p);
+      if (w[4] == 0 && w[7] == 0 && w[3] <= A_MIN && w[6] <= A_MIN && w[3] != A_DIV && w[6] != A_DIV) {
+        auto idx = [](int64_t op) { return op == A_MAX ? 3 : op == A_MIN ? 4 : int(op); };
+        stt_table[idx(w[3])][idx(w[6])](a, s0, bp, out, n);
+      } else {
+        alu(w[3], a, nullptr, s0, true, w[4] != 0, out, n);
+        alu(w[6], out, bp, 0.0f, false, w[7] != 0, out, n);
+      }
       break;
     }
     case OP_ACT: {
       // y = fn(x * scale + bias); x * 1.0 is x, so an immediate 1.0 is skipped.
       const float* x = a;
-      if (!(w[5] < 0 && imm[0] == 1.0)) {
-        alu(A_MUL, a, nullptr, operand_at(c, w, 5, imm[0], p), true, false, out, n);
-        x = out;
+      const bool reducing = w[7] == 2 || w[7] == 3;
+      if (!store && reducing && w[3] == F_SQUARE && w[5] < 0 && imm[0] == 1.0 && w[6] == -2) {
+        // Dead destination: only the sum of squares is needed.
+        red = n >= kLanes ? cascade_sum<kLanes>(a, n, Square()) : cascade_sum<1>(a, n, Square());
+        break;
       }
-      if (w[6] != -2) {
-        alu(A_ADD, x, nullptr, operand_at(c, w, 6, imm[1], p), true, false, out, n);
-        x = out;
-      }
-      unary(w[3], x, out, n);
+      (void)x;
+      act_table[w[3]](a, operand_at(c, w, 5, imm[0], p), w[6] != -2 ? operand_at(c, w, 6, imm[1], p) : 0.0f,
+                      w[6] != -2, out, n);
       if (w[7] == 2 || w[7] == 3) red = reduce_row(A_ADD, out, n);
       break;
     }
@@ -589,7 +651,7 @@ void run_instr(Ctx& c, const int64_t* w, const double* imm, int64_t lo, int64_t 
       float* d = direct_row(c, dst, p, dn);
       if (d) out = d;
     }
-    const float red = compute_row(c, w, imm, data, p, n, out, sc);
+    const float red = compute_row(c, w, imm, data, p, n, out, sc, store);
     if (store && out == sc.out.data()) scatter_row(c, dst, p, out);
     if (opcode == OP_ACT) {
       if (whole) reds[p - lo] = red;
