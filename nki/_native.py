@@ -309,6 +309,7 @@ def _forward(instrs, first, last, bound, dtypes):
             if src.is_contiguous():
                 subst[d] = (src.storage, src.offset, None)
                 skip.add(k)
+                last[s] = max(last[s], last[d])  # the source's memory now lives as long as the tile
                 continue
             # A strided source (a broadcast weight, say): views of the tile
             # that are boxes of it map coordinate by coordinate.
@@ -318,9 +319,12 @@ def _forward(instrs, first, last, bound, dtypes):
                     if v.storage.id == d):
                 subst[d] = (src.storage, src.offset, (dst.storage.shape, box, src.strides))
                 skip.add(k)
+                last[s] = max(last[s], last[d])
                 continue
         f = first.get(s)
-        if s not in bound and last[s] == k and _whole(src) and dst.is_contiguous() and f is not None and f < k:
+        # (Only into a kernel argument or output: their memory exists from the start.)
+        if s not in bound and d in bound and last[s] == k and _whole(src) and dst.is_contiguous() and \
+                f is not None and f < k:
             fw = instrs[f].ir[1]["dst"]
             span = (dst.offset, dst.offset + dst.size - 1)
             if fw.storage.id == s and _whole(fw) and not any(v.storage.id == s for v in rw[f][1]) and not any(
