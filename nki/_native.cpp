@@ -330,6 +330,36 @@ using ActFn = void (*)(const float*, float, float, bool, float*, int64_t);
 constexpr ActFn act_table[8] = {act_fused<F_COPY>, act_fused<F_SQUARE>, act_fused<F_RELU>, act_fused<F_RSQRT>,
                                 act_fused<F_SQRT>, act_fused<F_RECIP>, act_fused<F_ABS>, act_fused<F_NEG>};
 
+inline float load_f32(float v) { return v; }
+inline float load_f32(uint16_t v) { return bf16_to_f32(v); }
+inline void store_f32(float* d, float v) { *d = v; }
+inline void store_f32(uint16_t* d, float v) { *d = f32_to_bf16(v); }
+
+// scalar_tensor_tensor straight from fp32/bf16 rows into an fp32/bf16 row:
+// no gather into scratch, no separate rounding pass.
+template <int O0, int O1, class Ta, class Tb, class Td>
+void stt_typed(const void* a, float s, const void* b, void* d, int64_t n) {
+  const Ta* x = static_cast<const Ta*>(a);
+  const Tb* y = static_cast<const Tb*>(b);
+  Td* o = static_cast<Td*>(d);
+  for (int64_t i = 0; i < n; ++i) store_f32(o + i, apply<O1>(apply<O0>(load_f32(x[i]), s), load_f32(y[i])));
+}
+
+using SttTyped = void (*)(const void*, float, const void*, void*, int64_t);
+template <int O0, int O1>
+SttTyped stt_pick(int ta, int tb, int td) {
+  switch (ta * 4 + tb * 2 + td) {
+    case 0: return stt_typed<O0, O1, float, float, float>;
+    case 1: return stt_typed<O0, O1, float, float, uint16_t>;
+    case 2: return stt_typed<O0, O1, float, uint16_t, float>;
+    case 3: return stt_typed<O0, O1, float, uint16_t, uint16_t>;
+    case 4: return stt_typed<O0, O1, uint16_t, float, float>;
+    case 5: return stt_typed<O0, O1, uint16_t, float, uint16_t>;
+    case 6: return stt_typed<O0, O1, uint16_t, uint16_t, float>;
+    default: return stt_typed<O0, O1, uint16_t, uint16_t, uint16_t>;
+  }
+}
+
 using SttFn = void (*)(const float*, float, const float*, float*, int64_t);
 template <int O0>
 constexpr SttFn stt_row[5] = {stt_fused<O0, A_ADD>, stt_fused<O0, A_SUB>, stt_fused<O0, A_MUL>,
@@ -351,8 +381,15 @@ struct Square {  // the sum of an activation's squares without storing them
   float operator()(float v) const { return v * v; }
 };
 
-template <int L, class Fn = Identity>
-float cascade_sum(const float* x, int64_t n, Fn f = Fn()) {
+struct SquareBf16 {  // the same on a bf16 row read in place
+  float operator()(uint16_t v) const {
+    const float x = bf16_to_f32(v);
+    return x * x;
+  }
+};
+
+template <int L, class Fn = Identity, class T = float>
+float cascade_sum(const T* x, int64_t n, Fn f = Fn()) {
   const int64_t nv = n / L;           // L-wide loads
   const int64_t size = nv / 4;        // rows of the ilp-4 view
   constexpr int kLevels = 4;
@@ -535,6 +572,12 @@ void run_copy_whole(const Ctx& c, const View& dst, const View& src) {
 float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View& data, int64_t p, int64_t n,
                   float* out, Scratch& sc, bool store) {
   const int64_t opcode = w[0];
+  if (opcode == OP_ACT && !store && (w[7] == 2 || w[7] == 3) && w[3] == F_SQUARE && w[5] < 0 && imm[0] == 1.0 &&
+      w[6] == -2 && c.dtypes[data.buf] == BF16 && data.run == n) {
+    // Dead destination of a bf16 tile: the sum of squares, read in place.
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(c.bufs[data.buf]) + data.offset + p * data.stride[0];
+    return n >= kLanes ? cascade_sum<kLanes>(x, n, SquareBf16()) : cascade_sum<1>(x, n, SquareBf16());
+  }
   const float* a = direct_row(c, data, p, n);
   if (!a) {
     gather_row(c, data, p, sc.a.data());
@@ -644,7 +687,25 @@ void run_instr(Ctx& c, const int64_t* w, const double* imm, int64_t lo, int64_t 
   hi = std::min(hi, P);
   std::vector<float> staging(whole && staged ? std::max<int64_t>(hi - lo, 0) * dn : 0);
   std::vector<float> reds(whole ? std::max<int64_t>(hi - lo, 0) : 0);
+  SttTyped typed = nullptr;  // scalar_tensor_tensor on contiguous rows: one pass, in place
+  if (opcode == OP_STT && store && !staged && w[4] == 0 && w[7] == 0 && (w[3] == A_ADD || w[3] == A_MUL) &&
+      (w[6] == A_ADD || w[6] == A_MUL) && data.run == n && dst.run == n && dn == n && V(c, w, 2).run == n) {
+    const int ta = c.dtypes[data.buf] == BF16, tb = c.dtypes[V(c, w, 2).buf] == BF16, td = c.dtypes[dst.buf] == BF16;
+    if (w[3] == A_ADD)
+      typed = w[6] == A_ADD ? stt_pick<A_ADD, A_ADD>(ta, tb, td) : stt_pick<A_ADD, A_MUL>(ta, tb, td);
+    else
+      typed = w[6] == A_ADD ? stt_pick<A_MUL, A_ADD>(ta, tb, td) : stt_pick<A_MUL, A_MUL>(ta, tb, td);
+  }
   for (int64_t p = lo; p < hi; ++p) {
+    if (typed) {
+      const View& b = V(c, w, 2);
+      const int64_t ea = c.dtypes[data.buf] == BF16 ? 2 : 4, eb = c.dtypes[b.buf] == BF16 ? 2 : 4;
+      const int64_t ed = c.dtypes[dst.buf] == BF16 ? 2 : 4;
+      typed(c.bufs[data.buf] + (data.offset + p * data.stride[0]) * ea, operand_at(c, w, 5, imm[0], p),
+            c.bufs[b.buf] + (b.offset + p * b.stride[0]) * eb, c.bufs[dst.buf] + (dst.offset + p * dst.stride[0]) * ed,
+            n);
+      continue;
+    }
     float* out = sc.out.data();
     if (whole && staged) out = staging.data() + (p - lo) * dn;
     else if (!staged && store && opcode != OP_TRED) {
