@@ -277,19 +277,6 @@ void alu(int64_t op, const float* a, const float* b, float bs, bool bscalar, boo
 #undef NKI_LOOP
 }
 
-void unary(int64_t fn, const float* a, float* out, int64_t n) {
-  switch (fn) {
-    case F_COPY: if (out != a) std::memmove(out, a, n * 4); break;
-    case F_SQUARE: for (int64_t i = 0; i < n; ++i) out[i] = a[i] * a[i]; break;
-    case F_RELU: for (int64_t i = 0; i < n; ++i) { float x = a[i]; out[i] = x != x ? x : (x > 0.0f ? x : 0.0f); } break;
-    case F_RSQRT: for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(a[i]); break;
-    case F_SQRT: for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(a[i]); break;
-    case F_RECIP: for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / a[i]; break;
-    case F_ABS: for (int64_t i = 0; i < n; ++i) out[i] = std::fabs(a[i]); break;
-    case F_NEG: for (int64_t i = 0; i < n; ++i) out[i] = -a[i]; break;
-  }
-}
-
 template <int OP>
 inline float apply(float x, float y) {
   if constexpr (OP == A_ADD) return x + y;
@@ -433,8 +420,87 @@ float cascade_sum(const T* x, int64_t n, Fn f = Fn()) {
   return 0.0f + total;
 }
 
+// cascade_sum<8> with the accumulators in vector registers (GCC vector
+// extensions: lane-wise IEEE adds, the same arithmetic as torch's Vectorized).
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, 32);
+  return v;
+}
+inline v8f load8(const uint16_t* p) {
+  v8h h;
+  std::memcpy(&h, p, 16);
+  v8u u = __builtin_convertvector(h, v8u) << 16;
+  v8f v;
+  std::memcpy(&v, &u, 32);
+  return v;
+}
+struct VIdentity {
+  v8f operator()(v8f v) const { return v; }
+};
+struct VSquare {
+  v8f operator()(v8f v) const { return v * v; }
+};
+
+template <class VFn, class Fn, class T>
+float cascade_sum8(const T* x, int64_t n, VFn vf, Fn f) {
+  constexpr int L = 8;
+  const int64_t nv = n / L;
+  const int64_t size = nv / 4;
+  constexpr int kLevels = 4;
+  const int64_t level_power = std::max<int64_t>(4, ceil_log2(size) / kLevels);
+  const int64_t level_step = int64_t(1) << level_power;
+  const int64_t level_mask = level_step - 1;
+  const v8f zero = {0, 0, 0, 0, 0, 0, 0, 0};
+  v8f acc[kLevels][4];
+  for (int j = 0; j < kLevels; ++j)
+    for (int k = 0; k < 4; ++k) acc[j][k] = zero;
+  int64_t i = 0;
+  for (; i + level_step <= size;) {
+    v8f a0 = acc[0][0], a1 = acc[0][1], a2 = acc[0][2], a3 = acc[0][3];
+    for (int64_t j = 0; j < level_step; ++j, ++i) {
+      const T* q = x + i * 4 * L;
+      a0 += vf(load8(q));
+      a1 += vf(load8(q + L));
+      a2 += vf(load8(q + 2 * L));
+      a3 += vf(load8(q + 3 * L));
+    }
+    acc[0][0] = a0, acc[0][1] = a1, acc[0][2] = a2, acc[0][3] = a3;
+    for (int j = 1; j < kLevels; ++j) {
+      for (int k = 0; k < 4; ++k) {
+        acc[j][k] += acc[j - 1][k];
+        acc[j - 1][k] = zero;
+      }
+      const int64_t mask = level_mask << (j * level_power);
+      if ((i & mask) != 0) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < 4; ++k) acc[0][k] += vf(load8(x + (i * 4 + k) * L));
+  for (int j = 1; j < kLevels; ++j)
+    for (int k = 0; k < 4; ++k) acc[0][k] += acc[j][k];
+  for (int64_t v = size * 4; v < nv; ++v) acc[0][0] += vf(load8(x + v * L));
+  for (int k = 1; k < 4; ++k) acc[0][0] += acc[0][k];
+  float total = 0.0f;
+  for (int64_t k = nv * L; k < n; ++k) total += f(x[k]);
+  for (int l = 0; l < L; ++l) total += acc[0][0][l];
+  return 0.0f + total;
+}
+
+template <class VFn, class Fn, class T>
+float lane_sum(const T* x, int64_t n, VFn vf, Fn f) {
+  // torch's vectorised sum for rows of at least one vector, its scalar one below.
+  if (n < kLanes) return cascade_sum<1>(x, n, f);
+  if constexpr (kLanes == 8) return cascade_sum8(x, n, vf, f);
+  return cascade_sum<kLanes>(x, n, f);
+}
+
 float reduce_row(int64_t op, const float* x, int64_t n) {
-  if (op == A_ADD) return n >= kLanes ? cascade_sum<kLanes>(x, n) : cascade_sum<1>(x, n);
+  if (op == A_ADD) return lane_sum(x, n, VIdentity(), Identity());
   float r = x[0];
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
@@ -457,7 +523,7 @@ float combine(int64_t op, float a, float b) {
 }
 
 struct Scratch {
-  std::vector<float> a, b, s0, s1, out;
+  std::vector<float> a, b, out;
   void size(int64_t n) {
     if (int64_t(a.size()) < n) {
       a.resize(n);
@@ -576,7 +642,7 @@ float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View&
       w[6] == -2 && c.dtypes[data.buf] == BF16 && data.run == n) {
     // Dead destination of a bf16 tile: the sum of squares, read in place.
     const uint16_t* x = reinterpret_cast<const uint16_t*>(c.bufs[data.buf]) + data.offset + p * data.stride[0];
-    return n >= kLanes ? cascade_sum<kLanes>(x, n, SquareBf16()) : cascade_sum<1>(x, n, SquareBf16());
+    return lane_sum(x, n, VSquare(), SquareBf16());
   }
   const float* a = direct_row(c, data, p, n);
   if (!a) {
@@ -617,15 +683,13 @@ float compute_row(const Ctx& c, const int64_t* w, const double* imm, const View&
       break;
     }
     case OP_ACT: {
-      // y = fn(x * scale + bias); x * 1.0 is x, so an immediate 1.0 is skipped.
-      const float* x = a;
+      // y = fn(x * scale + bias), one pass.
       const bool reducing = w[7] == 2 || w[7] == 3;
       if (!store && reducing && w[3] == F_SQUARE && w[5] < 0 && imm[0] == 1.0 && w[6] == -2) {
-        // Dead destination: only the sum of squares is needed.
-        red = n >= kLanes ? cascade_sum<kLanes>(a, n, Square()) : cascade_sum<1>(a, n, Square());
+        // Dead destination: only the sum of squares is needed (x * 1.0 is x).
+        red = lane_sum(a, n, VSquare(), Square());
         break;
       }
-      (void)x;
       act_table[w[3]](a, operand_at(c, w, 5, imm[0], p), w[6] != -2 ? operand_at(c, w, 6, imm[1], p) : 0.0f,
                       w[6] != -2, out, n);
       if (w[7] == 2 || w[7] == 3) red = reduce_row(A_ADD, out, n);

@@ -150,7 +150,7 @@ def _rows_ok(v):
     return all(s > 0 for s, _n in free) and all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:]))
 
 
-def _operand(low, x, slot, views):
+def _operand(low, x, views):
     """A per-partition operand: (slot word, immediate)."""
     if _is_tensor(x):
         views.append(x)
@@ -180,11 +180,11 @@ def _lower_instr(low, ins, ir, dead):
         header = [op]
         imms = ()
     elif kind == "tensor_scalar":
-        s0, i0 = _operand(low, a["operand0"], 5, views)
+        s0, i0 = _operand(low, a["operand0"], views)
         header = [_alu(a["op0"]), int(a["reverse0"]), s0]
         i1 = 0.0
         if a["op1"] is not None:
-            s1, i1 = _operand(low, a["operand1"], 8, views)
+            s1, i1 = _operand(low, a["operand1"], views)
             header += [_alu(a["op1"]), int(a["reverse1"]), s1]
         else:
             header += [-1, 0, -1]
@@ -193,7 +193,7 @@ def _lower_instr(low, ins, ir, dead):
         if a["reduce"]:
             raise Unsupported("scalar_tensor_tensor with a reduction")
         views.append(a["operand1"])
-        s0, i0 = _operand(low, a["operand0"], 5, views)
+        s0, i0 = _operand(low, a["operand0"], views)
         header = [_alu(a["op0"]), int(a["reverse0"]), s0, _alu(a["op1"]), int(a["reverse1"])]
         imms = (i0,)
     elif kind == "activation":
@@ -208,11 +208,11 @@ def _lower_instr(low, ins, ir, dead):
             if a["reduce_op"] is None or a["reduce_op"].name != "add":
                 raise Unsupported("activation reduction other than add")
             _check_sum(data)
-        ss, iscale = _operand(low, a["scale"], 5, views)
+        ss, iscale = _operand(low, a["scale"], views)
         if a["bias"] is None:
             sb, ibias = -2, 0.0
         else:
-            sb, ibias = _operand(low, a["bias"], 6, views)
+            sb, ibias = _operand(low, a["bias"], views)
         rslot = -1
         if res is not None:
             views.append(res)
@@ -395,11 +395,7 @@ class NativeProgram:
             if i in skip:
                 continue
             # Fresh buffers read before a whole write get the NaN sentinel.
-            dst, srcs = None, []
-            try:
-                dst, srcs = _peek(ins)
-            except Unsupported:
-                raise
+            dst, srcs = _peek(ins)
             for t in ins.tensors:
                 sid = t.storage.id
                 if sid in bound or sid in filled or sid in subst:
