@@ -313,6 +313,37 @@ void act_fused(const float* a, float scale, float bias, bool has_bias, float* ou
     for (int64_t i = 0; i < n; ++i) out[i] = activate<FN>(a[i] * scale);
 }
 
+// One element: the same expressions as alu() and activate<>().
+float alu1(int64_t op, float x, float y) {
+  switch (op) {
+    case A_ADD: return x + y;
+    case A_SUB: return x - y;
+    case A_MUL: return x * y;
+    case A_DIV: return x / y;
+    case A_MAX: return (x != x || y != y) ? nan_of(x, y) : (x > y ? x : y);
+    case A_MIN: return (x != x || y != y) ? nan_of(x, y) : (x < y ? x : y);
+    case A_EQ: return x == y ? 1.0f : 0.0f;
+    case A_NE: return x != y ? 1.0f : 0.0f;
+    case A_GT: return x > y ? 1.0f : 0.0f;
+    case A_GE: return x >= y ? 1.0f : 0.0f;
+    case A_LT: return x < y ? 1.0f : 0.0f;
+    default: return x <= y ? 1.0f : 0.0f;
+  }
+}
+
+float act1(int64_t fn, float x) {
+  switch (fn) {
+    case F_COPY: return activate<F_COPY>(x);
+    case F_SQUARE: return activate<F_SQUARE>(x);
+    case F_RELU: return activate<F_RELU>(x);
+    case F_RSQRT: return activate<F_RSQRT>(x);
+    case F_SQRT: return activate<F_SQRT>(x);
+    case F_RECIP: return activate<F_RECIP>(x);
+    case F_ABS: return activate<F_ABS>(x);
+    default: return activate<F_NEG>(x);
+  }
+}
+
 using ActFn = void (*)(const float*, float, float, bool, float*, int64_t);
 constexpr ActFn act_table[8] = {act_fused<F_COPY>, act_fused<F_SQUARE>, act_fused<F_RELU>, act_fused<F_RSQRT>,
                                 act_fused<F_SQRT>, act_fused<F_RECIP>, act_fused<F_ABS>, act_fused<F_NEG>};
@@ -751,6 +782,33 @@ void run_instr(Ctx& c, const int64_t* w, const double* imm, int64_t lo, int64_t 
   hi = std::min(hi, P);
   std::vector<float> staging(whole && staged ? std::max<int64_t>(hi - lo, 0) * dn : 0);
   std::vector<float> reds(whole ? std::max<int64_t>(hi - lo, 0) : 0);
+  if (n == 1 && dn == 1 && !staged && (opcode == OP_TS || (opcode == OP_ACT && w[7] == 0 && w[8] < 0))) {
+    // [P, 1] tiles (per-row statistics): one element per partition, no row machinery.
+    const bool bd = c.dtypes[data.buf] == BF16, bo = c.dtypes[dst.buf] == BF16;
+    for (int64_t p = lo; p < hi; ++p) {
+      const int64_t i = data.offset + p * data.stride[0];
+      const float x = bd ? bf16_to_f32(reinterpret_cast<const uint16_t*>(c.bufs[data.buf])[i])
+                         : reinterpret_cast<const float*>(c.bufs[data.buf])[i];
+      float y;
+      if (opcode == OP_TS) {
+        const float s0 = operand_at(c, w, 5, imm[0], p);
+        y = w[4] ? alu1(w[3], s0, x) : alu1(w[3], x, s0);
+        if (w[6] >= 0) {
+          const float s1 = operand_at(c, w, 8, imm[1], p);
+          y = w[7] ? alu1(w[6], s1, y) : alu1(w[6], y, s1);
+        }
+      } else {
+        y = x * operand_at(c, w, 5, imm[0], p);
+        if (w[6] != -2) y = y + operand_at(c, w, 6, imm[1], p);
+        y = act1(w[3], y);
+      }
+      if (!store) continue;
+      const int64_t o = dst.offset + p * dst.stride[0];
+      if (bo) reinterpret_cast<uint16_t*>(c.bufs[dst.buf])[o] = f32_to_bf16(y);
+      else reinterpret_cast<float*>(c.bufs[dst.buf])[o] = y;
+    }
+    return;
+  }
   SttTyped typed = nullptr;  // scalar_tensor_tensor on contiguous rows: one pass, in place
   if (opcode == OP_STT && store && !staged && w[4] == 0 && w[7] == 0 && (w[3] == A_ADD || w[3] == A_MUL) &&
       (w[6] == A_ADD || w[6] == A_MUL) && data.run == n && dst.run == n && dn == n && V(c, w, 2).run == n) {
