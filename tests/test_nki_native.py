@@ -177,3 +177,28 @@ def test_native_elides_dma(monkeypatch):
     ops = nat.words.reshape(nat.ninstr, -1)[:, 0].tolist()
     assert _native.OP_COPY not in ops
     assert nat.covered  # the output is written whole: no NaN fill
+
+
+@nki.jit
+def _per_row(x):
+    """[P, 1] statistics: reversed tensor_scalar ops with tile operands, an
+    activation with scale and bias tiles, into fp32 and bf16 tiles."""
+    P, F = x.shape
+    out = nl.ndarray((P, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nl.ndarray((P, 4), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r[:, 0:1], data=t[:, 0:1], op0=nl.subtract, operand0=t[:, 1:2], reverse0=True,
+                       op1=nl.divide, operand1=3.0, reverse1=True)
+    nisa.tensor_scalar(dst=r[:, 1:2], data=t[:, 2:3], op0=nl.maximum, operand0=0.25, op1=nl.greater,
+                       operand1=t[:, 3:4])
+    nisa.activation(dst=r[:, 2:3], op=nl.rsqrt, data=t[:, 4:5], scale=t[:, 5:6], bias=2.5)
+    nisa.activation(dst=r[:, 3:4], op=nl.relu, data=t[:, 6:7], scale=-1.5, bias=t[:, 7:8])
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_per_row_statistics(dtype, monkeypatch):
+    x = torch.randn(100, 8).abs().to(dtype)
+    _both(_per_row, x, monkeypatch=monkeypatch)
