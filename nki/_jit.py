@@ -11,7 +11,7 @@ import os
 import numpy as np
 import torch
 
-from . import _dtypes, _target, _trace
+from . import _dtypes, _native, _target, _trace
 from ._errors import NKIError
 from ._exec import execute
 from ._tensor import NkiTensor, shared_hbm
@@ -239,9 +239,15 @@ def _execute(program, bound, outs):
     # No autograd: kernels write into their arguments in place (autograd
     # for a kernel comes from nki_op(...).register_autograd).
     with torch.no_grad():
+        precise = _precise()
+        native = _native.plan(program, precise)
         for sid in outs:
-            bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
-        execute(program, bound, _precise())
+            if native is None or sid not in native.covered:  # (unobservable when all of it is written)
+                bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
+        if native is not None:
+            native.run(bound)
+        else:
+            execute(program, bound, precise)
 
 
 def jit(fn=None, mode=None, platform_target=None, **options):

@@ -12,12 +12,14 @@ _state = threading.local()
 
 class Instr:
     """One recorded instruction: ``run(env)`` executes it on whole tiles.
-    ``tensors`` are the views it touches (for buffer lifetimes)."""
+    ``tensors`` are the views it touches (for buffer lifetimes). ``ir`` is
+    ``(kind, operands)`` for the instructions the native executor lowers
+    (nki/_native.py), None for the others."""
 
-    __slots__ = ("name", "run", "tensors", "loc")
+    __slots__ = ("name", "run", "tensors", "loc", "ir")
 
-    def __init__(self, name, run, tensors, loc):
-        self.name, self.run, self.tensors, self.loc = name, run, tensors, loc
+    def __init__(self, name, run, tensors, loc, ir=None):
+        self.name, self.run, self.tensors, self.loc, self.ir = name, run, tensors, loc, ir
 
 
 class Program:
@@ -83,9 +85,9 @@ class Tracer:
             self.shared.append(st)
         return st
 
-    def record(self, name, run, tensors):
+    def record(self, name, run, tensors, ir=None):
         self.instrs.append(Instr(name, run, tuple(t for t in tensors if isinstance(t, NkiTensor)),
-                                 user_location()))
+                                 user_location(), ir))
 
 
 def current(instr="nki.language"):
@@ -112,8 +114,8 @@ class tracing:
         _state.tracer = self.prev
 
 
-def record(name, run, *tensors):
-    current(name).record(name, run, tensors)
+def record(name, run, *tensors, ir=None):
+    current(name).record(name, run, tensors, ir)
 
 
 def check_returned(result):

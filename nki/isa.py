@@ -81,7 +81,7 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None,
         if rmw is not None:
             v = rmw.compute(env.f32(dst), v.to(torch.float32))
         env.write(dst, v)
-    _trace.record(instr, run, dst, src)
+    _trace.record(instr, run, dst, src, ir=None if rmw is not None else ("copy", {"dst": dst, "src": src}))
 
 
 def _squeeze(shape):
@@ -94,7 +94,8 @@ def tensor_copy(dst, src, engine=None, name=None, dtype=None, **kw):
     _checks.tile(instr, "dst", dst)
     _checks.tile(instr, "src", src)
     _checks.same_numel_per_partition(instr, ("dst", "src"), dst, src)
-    _trace.record(instr, lambda env: env.write(dst, env.view(src).reshape(dst.shape)), dst, src)
+    _trace.record(instr, lambda env: env.write(dst, env.view(src).reshape(dst.shape)), dst, src,
+                  ir=("copy", {"dst": dst, "src": src}))
 
 
 def memset(dst, value, engine=None, name=None, **kw):
@@ -106,7 +107,7 @@ def memset(dst, value, engine=None, name=None, **kw):
     if isinstance(value, float) and not dst.dtype.is_floating_point:
         fail(instr, "value", f"float value {value!r} does not match the {_dtypes.name(dst.dtype)} dst "
                              f"(the value's dtype must match dst)")
-    _trace.record(instr, lambda env: env.view(dst).fill_(value), dst)
+    _trace.record(instr, lambda env: env.view(dst).fill_(value), dst, ir=("memset", {"dst": dst, "value": value}))
 
 
 def dma_transpose(dst, src, axes=None, name=None, **kw):
@@ -217,7 +218,8 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kw):
     def run(env):
         a, b = (env.ints(data1), env.ints(data2)) if ints else (env.f32(data1), env.f32(data2))
         env.write(dst, impl.compute(a, b))
-    _trace.record(instr, run, dst, data1, data2)
+    _trace.record(instr, run, dst, data1, data2,
+                  ir=None if ints else ("tensor_tensor", {"dst": dst, "data": data1, "data2": data2, "op": impl}))
 
 
 def _apply(impl, x, s, reverse):
@@ -251,7 +253,10 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if i1 is not None:
             r = _apply(i1, r, env.scalar(operand1, x.ndim), reverse1)
         env.write(dst, r.reshape(dst.shape))
-    _trace.record(instr, run, dst, data, *[o for o in (operand0, operand1) if isinstance(o, NkiTensor)])
+    ir = None if i0.kind == "bitvec" else ("tensor_scalar", {
+        "dst": dst, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0, "op1": i1,
+        "operand1": operand1, "reverse1": reverse1})
+    _trace.record(instr, run, dst, data, *[o for o in (operand0, operand1) if isinstance(o, NkiTensor)], ir=ir)
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -284,7 +289,10 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
         if rimpl is not None:
             _accumulate(env, "vector", cmd, rimpl, r, reduce_res)
     _trace.record(instr, run, dst, data, operand1,
-                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)])
+                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)],
+                  ir=("scalar_tensor_tensor", {"dst": dst, "data": data, "op0": i0, "operand0": operand0,
+                                               "reverse0": reverse0, "op1": i1, "operand1": operand1,
+                                               "reverse1": reverse1, "reduce": rimpl is not None}))
 
 
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, **kw):
@@ -345,7 +353,8 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         x = env.ints(data) if impl.kind == "bitvec" else env.f32(data)
         r = _reduce_fn(impl, x, axes, keepdims)
         env.write(dst, (-r if negate else r).reshape(dst.shape))
-    _trace.record(instr, run, dst, data)
+    _trace.record(instr, run, dst, data, ir=None if impl.kind == "bitvec" else (
+        "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
 
 
 def _activation_common(instr, dst, op, data, bias, scale):
@@ -365,6 +374,11 @@ def _activation_value(env, impl, data, bias, scale):
     if bias is not None:
         y = y + env.scalar(bias, x.ndim)
     return impl.compute(y)
+
+
+def _activation_ir(dst, impl, data, bias, scale, cmd, rimpl, reduce_res):
+    return ("activation", {"dst": dst, "op": impl, "data": data, "bias": bias, "scale": scale, "cmd": cmd,
+                           "reduce_op": rimpl, "reduce_res": reduce_res, "engine": "scalar"})
 
 
 def _check_reduce(instr, reduce_op, reduce_res, data, cmd=None, only=None):
@@ -431,7 +445,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         env.write(dst, y.reshape(dst.shape))
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "scalar", cmd, rimpl, y, reduce_res)
-    _trace.record(instr, run, dst, data, *[t for t in (bias, scale, reduce_res) if isinstance(t, NkiTensor)])
+    _trace.record(instr, run, dst, data, *[t for t in (bias, scale, reduce_res) if isinstance(t, NkiTensor)],
+                  ir=_activation_ir(dst, impl, data, bias, scale, cmd.name, rimpl, reduce_res))
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **kw):
@@ -447,7 +462,8 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
         y = _activation_value(env, impl, data, bias, scale)
         env.write(dst, y.reshape(dst.shape))
         _accumulate(env, "scalar", reduce_cmd.reset_reduce, rimpl, y, reduce_res)
-    _trace.record(instr, run, dst, data, reduce_res, *[t for t in (bias, scale) if isinstance(t, NkiTensor)])
+    _trace.record(instr, run, dst, data, reduce_res, *[t for t in (bias, scale) if isinstance(t, NkiTensor)],
+                  ir=_activation_ir(dst, impl, data, bias, scale, "reset_reduce", rimpl, reduce_res))
 
 
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
@@ -511,7 +527,8 @@ def reciprocal(dst, data, name=None, **kw):
     _checks.tile(instr, "dst", dst)
     _checks.tile(instr, "data", data)
     _checks.same_shape(instr, ("dst", "data"), dst, data)
-    _trace.record(instr, lambda env: env.write(dst, torch.reciprocal(env.f32(data))), dst, data)
+    _trace.record(instr, lambda env: env.write(dst, torch.reciprocal(env.f32(data))), dst, data,
+                  ir=_activation_ir(dst, _OPS["reciprocal"], data, None, 1.0, "idle", None, None))
 
 
 # bn_stats packs, per partition, (count, mean, count * variance) into 6

@@ -186,7 +186,7 @@ def load(src, dtype=None, **kw):
         src = src.reshape((1,))
     _checks.partitions(instr, "src", src.shape[0])
     out = _result(src.shape, dtype or src.dtype)
-    _trace.record(instr, lambda env: env.write(out, env.view(src)), out, src)
+    _trace.record(instr, lambda env: env.write(out, env.view(src)), out, src, ir=("copy", {"dst": out, "src": src}))
     return out
 
 
@@ -198,7 +198,8 @@ def store(dst, value, **kw):
         _checks.tile(instr, "value", value, _checks.ANY)
         if value.size != dst.size:
             fail(instr, "value", f"shape {list(value.shape)} does not match dst {list(dst.shape)}")
-        _trace.record(instr, lambda env: env.write(dst, env.view(value).reshape(dst.shape)), dst, value)
+        _trace.record(instr, lambda env: env.write(dst, env.view(value).reshape(dst.shape)), dst, value,
+                      ir=("copy", {"dst": dst, "src": value}))
     else:
         _memset(dst, value, instr)
 

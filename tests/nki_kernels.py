@@ -207,6 +207,62 @@ def softmax_rows_v4(x):
     return out
 
 
+@nki.jit
+def rmsnorm_wide(x, w, eps):
+    """RMSNorm of [rows, H] with weight [1, H] for any H the SBUF holds: the
+    DMA broadcasts the weight to all partitions (a stride-0 HBM view), so no
+    PSUM-sized matmul. Squares summed by activation_reduce, rsqrt(mean + eps)
+    per row, then x * rstd * w in one scalar_tensor_tensor."""
+    rows, H = x.shape
+    out = nl.ndarray((rows, H), dtype=x.dtype, buffer=nl.shared_hbm)
+    wb = nl.ndarray((128, H), dtype=w.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=wb, src=w.broadcast_to((128, H)))
+    for i in nl.affine_range((rows + 127) // 128):
+        p = min(128, rows - i * 128)
+        t = nl.ndarray((128, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[:p], src=x[i * 128:i * 128 + p])
+        sq = nl.ndarray((128, H), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq[:p], op=nl.square, data=t[:p], reduce_op=nl.add, reduce_res=ss[:p])
+        rstd = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=rstd[:p], data=ss[:p], op0=nl.multiply, operand0=1.0 / H, op1=nl.add,
+                           operand1=eps)
+        nisa.activation(dst=rstd[:p], op=nl.rsqrt, data=rstd[:p])
+        y = nl.ndarray((128, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=y[:p], data=t[:p], op0=nl.multiply, operand0=rstd[:p], op1=nl.multiply,
+                                  operand1=wb[:p])
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y[:p])
+    return out
+
+
+@nki.jit
+def avgpool_bias_relu(x, b):
+    """relu(avg_pool2d(x, 2) + b) for NCHW ``x`` and a per-channel bias
+    ``b`` [C, 1] (a conv epilogue fused with the pool), channels on the
+    partitions, one image per tile: the 2x2 window sum is three
+    tensor_tensor adds of stride-2 views; scale, bias and relu are one
+    activation."""
+    N, C, H, W = x.shape
+    Ho, Wo = H // 2, W // 2
+    out = nl.ndarray((N, C, Ho, Wo), dtype=x.dtype, buffer=nl.shared_hbm)
+    bias = nl.ndarray((C, 1), dtype=b.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=bias, src=b)
+    for n in nl.affine_range(N):
+        t = nl.ndarray((C, H, W), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[n])
+        top = nl.ndarray((C, Ho, Wo), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=top, data1=t[:, 0:2 * Ho:2, 0:2 * Wo:2], data2=t[:, 0:2 * Ho:2, 1:2 * Wo:2],
+                           op=nl.add)
+        bottom = nl.ndarray((C, Ho, Wo), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=bottom, data1=t[:, 1:2 * Ho:2, 0:2 * Wo:2], data2=t[:, 1:2 * Ho:2, 1:2 * Wo:2],
+                           op=nl.add)
+        nisa.tensor_tensor(dst=top, data1=top, data2=bottom, op=nl.add)
+        y = nl.ndarray((C, Ho, Wo), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=y, op=nl.relu, data=top, bias=bias, scale=0.25)
+        nisa.dma_copy(dst=out[n], src=y)
+    return out
+
+
 # -- references ---------------------------------------------------------------
 def avgpool2d_ref(x, pool):
     c, h, w = x.shape

@@ -1,0 +1,571 @@
+"""Native execution of traced programs.
+
+``nki/_native.cpp`` is one C++ executor for every program: it runs a lowered
+program (a table of instruction records: opcode, ALU/activation function,
+strided views of the buffers) partition row by partition row with
+vectorised inner loops, all instructions in one call. It is compiled once
+with Inductor's C++ toolchain (``CppCodeCache``, cached on disk by source
+hash and flags), so no per-kernel compilation: lowering a program is a pass
+in Python at its first launch.
+
+Results are bit-identical to the interpreter (nki/_exec.py), which stays the
+reference and the fallback: a program with an instruction the executor does
+not cover (see ``_lower_instr``) runs on the interpreter. ``NKI_EXECUTOR``
+chooses: ``auto`` (default), ``native`` (an uncovered program raises) or
+``interpreter``.
+
+On-chip buffers live in one arena: each storage gets an offset that no other
+storage uses during its lifetime, so a loop's tiles reuse the same (cached)
+memory. A buffer whose first use does not overwrite all of it is filled with
+the NaN sentinel first, as the interpreter's fresh buffers are; a
+destination nothing reads afterwards is not stored."""
+import ctypes
+import math
+import os
+import platform
+import threading
+import warnings
+
+import torch
+
+from . import _dtypes
+from ._errors import NKIError
+from ._tensor import NkiTensor, _contiguous_strides
+
+MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
+VIEW_WORDS = 3 + 2 * MAX_DIMS
+RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
+OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED = range(7)
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
+                                      "not_equal", "greater", "greater_equal", "less", "less_equal"])}
+_FN = {"copy": 0, "identity": 0, "square": 1, "relu": 2, "rsqrt": 3, "sqrt": 4, "reciprocal": 5, "abs": 6,
+       "negative": 7}
+_CMD = {"idle": 0, "reduce": 2, "reset_reduce": 3, "reset": 4}
+_ENGINE = {"vector": 0, "scalar": 1}
+_ALIGN = 64
+
+
+class Unsupported(Exception):
+    """The executor does not cover this program (the interpreter runs it)."""
+
+
+def mode():
+    m = os.environ.get("NKI_EXECUTOR", "auto")
+    if m not in ("auto", "native", "interpreter"):
+        raise NKIError(f"NKI_EXECUTOR={m!r}: expected auto, native or interpreter")
+    return m
+
+
+# -- the compiled executor -------------------------------------------------
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _sum_lanes():
+    # torch's CPU sum accumulates Vectorized<float>::size() lanes: its order
+    # is part of the result, and the executor reproduces it. Its sum kernel
+    # has no AVX512 build (REGISTER_DISPATCH), so x86 runs the 8-lane one.
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise Unsupported(f"{platform.machine()} (the executor reproduces x86 sums)")
+    return 8
+
+
+def library():
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                from torch._inductor.codecache import CppCodeCache
+                with open(os.path.join(os.path.dirname(__file__), "_native.cpp")) as f:
+                    src = f"#define NKI_SUM_LANES {_sum_lanes()}\n" + f.read()
+                # Inductor turns gcc's loop vectoriser off (its kernels use at::vec);
+                # this file relies on it. Signed zeros are part of bit identity.
+                lib = CppCodeCache.load(src, extra_flags=("-ftree-loop-vectorize", "-fsigned-zeros"))
+                fn = lib.nki_run
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+                layout = (ctypes.c_int64 * 4)()
+                lib.nki_layout(layout)
+                if tuple(layout) != (MAX_DIMS, MAX_VIEWS, HEADER, RECORD):
+                    raise RuntimeError(f"nki/_native.cpp layout {tuple(layout)} does not match _native.py")
+                _lib = lib
+    return _lib
+
+
+# -- lowering --------------------------------------------------------------
+def _is_tensor(x):
+    return hasattr(x, "storage") and hasattr(x, "strides")
+
+
+class _Lowering:
+    def __init__(self, program, precise):
+        self.program = program
+        self.dtypes = {}
+        for st in program.storages.values():
+            if getattr(st, "reinterpret_of", None) is not None:
+                raise Unsupported("dtype-reinterpreting views")
+            dtype = st.dtype
+            if not precise and st.buffer.on_chip and dtype.is_floating_point:
+                dtype = torch.float32
+            if dtype not in _DTYPES:
+                raise Unsupported(f"{_dtypes.name(st.dtype)} tensors")
+            self.dtypes[st.id] = dtype
+        self.words, self.imms = [], []
+        self.access = []  # per record: (written views, read views)
+
+    def view(self, v):
+        if v.ndim > MAX_DIMS or v.ndim == 0:
+            raise Unsupported(f"a {v.ndim}-D view")
+        shape = list(v.shape) + [1] * (MAX_DIMS - v.ndim)
+        strides = list(v.strides) + [0] * (MAX_DIMS - v.ndim)
+        return [v.storage.id, v.ndim, v.offset] + shape + strides
+
+    def emit(self, opcode, views, header=(), imms=(0.0, 0.0), written=1):
+        self.access.append((list(views[:written]), list(views[written:])))
+        w = [opcode] + list(header)
+        w += [-1] * (HEADER - len(w))
+        for v in views:
+            w += self.view(v)
+        w += [0] * (RECORD - len(w))
+        self.words.append(w)
+        self.imms.append(list(imms) + [0.0] * (2 - len(imms)))
+
+
+def _alu(impl):
+    if impl is None or impl.name not in _ALU:
+        raise Unsupported(f"op nl.{getattr(impl, 'name', None)}")
+    return _ALU[impl.name]
+
+
+def _same_view(a, b):
+    return a.storage.id == b.storage.id and (a.shape, a.strides, a.offset) == (b.shape, b.strides, b.offset)
+
+
+def _rows_ok(v):
+    """Free dims in row-major order: the interpreter's fp32 intermediate of
+    this operand is then laid out row-major too (what its sums iterate)."""
+    free = [(s, n) for s, n in zip(v.strides[1:], v.shape[1:]) if n > 1]
+    return all(s > 0 for s, _n in free) and all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:]))
+
+
+def _operand(low, x, views):
+    """A per-partition operand: (slot word, immediate)."""
+    if _is_tensor(x):
+        views.append(x)
+        return len(views) - 1, 0.0
+    return -1, float(torch.tensor(float(x), dtype=torch.float32))
+
+
+def _lower_instr(low, ins, ir, dead):
+    kind, a = ir
+    if kind == "copy":
+        dst, src = a["dst"], a["src"]
+        low.emit(OP_COPY, [dst, src])
+        return dst, [src]
+    if kind == "memset":
+        dst, value = a["dst"], a["value"]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise Unsupported("memset of a non-number")
+        low.emit(OP_FILL, [dst], imms=(float(torch.tensor(value).to(low.dtypes[dst.storage.id]).float()),))
+        return dst, []
+    dst, data = a["dst"], a["data"]
+    if data.shape[0] != dst.shape[0] or data.shape[0] > 128:
+        raise Unsupported("partition mismatch")
+    views = [dst, data]
+    if kind == "tensor_tensor":
+        op = _alu(a["op"])
+        views.append(a["data2"])
+        header = [op]
+        imms = ()
+    elif kind == "tensor_scalar":
+        s0, i0 = _operand(low, a["operand0"], views)
+        header = [_alu(a["op0"]), int(a["reverse0"]), s0]
+        i1 = 0.0
+        if a["op1"] is not None:
+            s1, i1 = _operand(low, a["operand1"], views)
+            header += [_alu(a["op1"]), int(a["reverse1"]), s1]
+        else:
+            header += [-1, 0, -1]
+        imms = (i0, i1)
+    elif kind == "scalar_tensor_tensor":
+        if a["reduce"]:
+            raise Unsupported("scalar_tensor_tensor with a reduction")
+        views.append(a["operand1"])
+        s0, i0 = _operand(low, a["operand0"], views)
+        header = [_alu(a["op0"]), int(a["reverse0"]), s0, _alu(a["op1"]), int(a["reverse1"])]
+        imms = (i0,)
+    elif kind == "activation":
+        fn = a["op"]
+        if fn.name not in _FN:
+            raise Unsupported(f"activation nl.{fn.name}")
+        cmd, res = a["cmd"], a["reduce_res"]
+        cmd = "reset_reduce" if cmd == "idle" and res is not None else cmd
+        if cmd not in _CMD:
+            raise Unsupported(f"reduce_cmd {cmd}")
+        if cmd in ("reduce", "reset_reduce"):
+            if a["reduce_op"] is None or a["reduce_op"].name != "add":
+                raise Unsupported("activation reduction other than add")
+            _check_sum(data)
+        ss, iscale = _operand(low, a["scale"], views)
+        if a["bias"] is None:
+            sb, ibias = -2, 0.0
+        else:
+            sb, ibias = _operand(low, a["bias"], views)
+        rslot = -1
+        if res is not None:
+            views.append(res)
+            rslot = len(views) - 1
+        header = [_FN[fn.name], 0, ss, sb, _CMD[cmd], rslot, _ENGINE[a["engine"]]]
+        imms = (iscale, ibias)
+    elif kind == "tensor_reduce":
+        op = a["op"]
+        if op.name not in ("add", "maximum", "minimum"):
+            raise Unsupported(f"tensor_reduce nl.{op.name}")
+        axes = a["axes"]
+        m = math.prod(data.shape[d] for d in axes)
+        # The interpreter sums contiguous runs in torch's order; other layouts fall back.
+        inner = [(data.strides[d], data.shape[d]) for d in axes if data.shape[d] > 1]
+        expect = 1
+        for s, n in reversed(inner):
+            if s != expect:
+                raise Unsupported("tensor_reduce over non-contiguous axes")
+            expect *= n
+        if op.name == "add":
+            _check_sum(data, m)
+        header = [_alu(op), m, int(a["negate"])]
+        imms = ()
+    else:
+        raise Unsupported(ins.name)
+    if len(views) > MAX_VIEWS:
+        raise Unsupported("too many operands")
+    # Stage the result when dst shares memory with a source, unless the source
+    # is read at the same position it is written (the same view, elementwise).
+    # (Per-partition operands are read per row, after the row's first store.)
+    elementwise = views[1:3] if kind == "tensor_tensor" else views[1:2]
+    staged = any(v.storage.id == dst.storage.id and not (kind != "scalar_tensor_tensor" and any(
+        v is e for e in elementwise) and _same_view(v, dst)) for v in views[1:])
+    header = [int(dead), int(staged)] + header
+    low.emit({"tensor_tensor": OP_TT, "tensor_scalar": OP_TS, "scalar_tensor_tensor": OP_STT,
+              "activation": OP_ACT, "tensor_reduce": OP_TRED}[kind], views, header, imms)
+    if kind == "activation" and a["reduce_res"] is not None:
+        low.access[-1][0].append(a["reduce_res"])
+    return dst, views[1:]
+
+
+def _check_sum(data, m=None):
+    """torch splits one huge row across threads (two-pass reduction), in an
+    order that depends on the thread count: not reproduced."""
+    n = math.prod(data.shape[1:]) if m is None else m
+    rows = math.prod(data.shape) // n if n else 0
+    if rows == 1 and n >= 32768:
+        raise Unsupported("a single-row sum of 32K+ elements")
+    if m is None and not _rows_ok(data):
+        raise Unsupported("a reduction over a permuted view")
+
+
+def _writes(ir):
+    kind, a = ir
+    out = [a["dst"]]
+    if kind == "activation" and a["reduce_res"] is not None:
+        out.append(a["reduce_res"])
+    return out
+
+
+def _reads(ir):
+    kind, a = ir
+    return [v for k, v in a.items() if k not in ("dst", "reduce_res") and _is_tensor(v)]
+
+
+def _whole(v):
+    return v.is_contiguous() and v.offset == 0 and v.size == v.storage.numel
+
+
+def _forward(instrs, first, last, bound, dtypes):
+    """DMA elision. A tile loaded whole from another tensor and never written
+    again, while that tensor is not written either, reads the tensor in place
+    (``subst``: storage -> (storage, offset)); a tile written whole, then
+    stored whole by a copy that is its last use, is written at the copy's
+    destination directly. The elided copies are ``skip``ped."""
+    subst, skip = {}, set()
+    rw = [(_writes(ins.ir), _reads(ins.ir)) for ins in instrs]
+
+    def touches(j, sid, span=None, writes_only=False):
+        views = rw[j][0] if writes_only else rw[j][0] + rw[j][1]
+        return any(v.storage.id == sid and (span is None or _overlaps([span], _span(v))) for v in views)
+
+    for k, ins in enumerate(instrs):
+        kind, a = ins.ir
+        if kind != "copy":
+            continue
+        dst, src = a["dst"], a["src"]
+        d, s = dst.storage.id, src.storage.id
+        if d == s or dtypes[d] != dtypes[s] or d in subst or s in subst:
+            continue
+        if d not in bound and first[d] == k and _whole(dst) and not any(
+                touches(j, d, writes_only=True) or touches(j, s, writes_only=True)
+                for j in range(k + 1, last[d] + 1)):
+            if src.is_contiguous():
+                subst[d] = (src.storage, src.offset, None)
+                skip.add(k)
+                last[s] = max(last[s], last[d])  # the source's memory now lives as long as the tile
+                continue
+            # A strided source (a broadcast weight, say): views of the tile
+            # that are boxes of it map coordinate by coordinate.
+            box = _contiguous_strides(dst.storage.shape)
+            if tuple(src.shape) == tuple(dst.storage.shape) and all(
+                    v.strides == box for j in range(k + 1, last[d] + 1) for v in rw[j][0] + rw[j][1]
+                    if v.storage.id == d):
+                subst[d] = (src.storage, src.offset, (dst.storage.shape, box, src.strides))
+                skip.add(k)
+                last[s] = max(last[s], last[d])
+                continue
+        f = first.get(s)
+        # (Only into a kernel argument or output: their memory exists from the start.)
+        if s not in bound and d in bound and last[s] == k and _whole(src) and dst.is_contiguous() and \
+                f is not None and f < k:
+            fw = instrs[f].ir[1]["dst"]
+            span = (dst.offset, dst.offset + dst.size - 1)
+            if fw.storage.id == s and _whole(fw) and not any(v.storage.id == s for v in rw[f][1]) and not any(
+                    touches(j, d, span) for j in range(f, k)):
+                subst[s] = (dst.storage, dst.offset, None)
+                skip.add(k)
+    return subst, skip
+
+
+def _mapped(ir, subst):
+    def m(v):
+        if _is_tensor(v) and v.storage.id in subst:
+            st, delta, box = subst[v.storage.id]
+            if box is None:
+                return NkiTensor(st, v.shape, v.strides, v.offset + delta, _check=False)
+            shape, strides, src_strides = box
+            off = delta + sum((v.offset // cs) % n * ss for n, cs, ss in zip(shape, strides, src_strides))
+            return NkiTensor(st, v.shape, src_strides, off, _check=False)
+        return v
+    kind, a = ir
+    return kind, {k: m(v) for k, v in a.items()}
+
+
+class NativeProgram:
+    def __init__(self, program, precise):
+        low = _Lowering(program, precise)
+        instrs = program.instrs
+        for ins in instrs:
+            if ins.ir is None:
+                raise Unsupported(ins.name)
+        first, last = {}, {}
+        for i, ins in enumerate(instrs):
+            for t in ins.tensors:
+                first.setdefault(t.storage.id, i)
+                last[t.storage.id] = i
+        bound = {st.id for st in program.storages.values() if st.arg is not None}
+        bound |= {t.storage.id for t in program.outputs()}
+        self.bound = sorted(bound)
+        on_chip = {sid for sid, st in program.storages.items() if st.buffer.on_chip}
+        end = len(instrs)
+        for sid in first:
+            if sid not in bound and sid not in on_chip:
+                last[sid] = end  # private HBM lives for the whole launch
+        subst, skip = _forward(instrs, first, last, bound, low.dtypes)
+        # Arena offsets: reuse a slot once its previous storage is dead.
+        # Only a storage of the same layout (partitions x row bytes) reuses a slot:
+        # partition p then stays in the same bytes, owned by the same thread.
+        slots = []  # [offset, layout, busy_until]
+        self.offsets, top = {}, 0
+        for sid in sorted((s for s in first if s not in bound and s not in subst), key=lambda s: first[s]):
+            st = program.storages[sid]
+            size = -(-st.numel * low.dtypes[sid].itemsize // _ALIGN) * _ALIGN
+            layout = (st.shape[0] if st.shape else 1, st.row * low.dtypes[sid].itemsize, size)
+            best = None
+            for slot in slots:
+                if slot[2] < first[sid] and slot[1] == layout:
+                    best = slot
+                    break
+            if best is None:
+                best = [top, layout, -1]
+                slots.append(best)
+                top += size
+            best[2] = last[sid]
+            self.offsets[sid] = best[0]
+        self.arena_bytes = max(top, _ALIGN)
+        filled = set()
+        for i, ins in enumerate(instrs):
+            if i in skip:
+                continue
+            # Fresh buffers read before a whole write get the NaN sentinel.
+            dst, srcs = _peek(ins)
+            for t in ins.tensors:
+                sid = t.storage.id
+                if sid in bound or sid in filled or sid in subst:
+                    continue
+                filled.add(sid)
+                whole = dst is not None and dst.storage.id == sid and dst.is_contiguous() and dst.offset == 0 \
+                    and dst.size == t.storage.numel and all(s.storage.id != sid for s in srcs)
+                if not whole:
+                    st = t.storage
+                    shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
+                    low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
+            ir = _mapped(ins.ir, subst)
+            d = ir[1]["dst"].storage.id
+            dead = d not in bound and last[d] == i
+            _lower_instr(low, ins, ir, dead)
+        _schedule(low)
+        # Records of one barrier-free stretch run row-interleaved (nki_run); a
+        # loop's next iteration (a record writing an arena slot that another
+        # storage used in this stretch) starts a new group (w[15]), so rows of
+        # different iterations (a fixed stride apart in memory) do not compete
+        # for the same cache sets.
+        owner = {}
+        for w, (outs, _ins) in zip(low.words, low.access):
+            if w[13] or w[14]:
+                owner = {}
+            w[15] = 0
+            for v in outs:
+                off = self.offsets.get(v.storage.id)
+                if off is not None and owner.get(off, v.storage.id) != v.storage.id:
+                    w[15], owner = 1, {}
+            for v in outs:
+                if v.storage.id in self.offsets:
+                    owner[self.offsets[v.storage.id]] = v.storage.id
+        # Outputs every element of which the kernel writes need no NaN fill first.
+        spans = {}
+        for outs, _ins in low.access:
+            for v in outs:
+                if v.storage.id in bound and v.is_contiguous():
+                    spans.setdefault(v.storage.id, []).append((v.offset, v.offset + v.size))
+        self.covered = set()
+        for sid, sp in spans.items():
+            end = 0
+            for a, b in sorted(sp):
+                if a > end:
+                    break
+                end = max(end, b)
+            if end >= program.storages[sid].numel:
+                self.covered.add(sid)
+        self.max_free = max([1] + [math.prod(v.shape[1:]) for w, r in low.access for v in w + r])
+        self.ninstr = len(low.words)
+        self.words = torch.tensor(low.words, dtype=torch.int64).reshape(-1)
+        self.imms = torch.tensor(low.imms, dtype=torch.float64).reshape(-1)
+        nbuf = max(program.storages) + 1 if program.storages else 1
+        self.dtypes = torch.tensor([_DTYPES[low.dtypes[s]] if s in low.dtypes else 0 for s in range(nbuf)],
+                                   dtype=torch.int64)
+        self.nbuf = nbuf
+
+    def run(self, bound):
+        lib = library()
+        arena = _arena(self.arena_bytes)
+        base = arena.data_ptr()
+        ptrs = (ctypes.c_void_p * self.nbuf)()
+        for sid, off in self.offsets.items():
+            ptrs[sid] = base + off
+        for sid in self.bound:
+            t = bound[sid]
+            if t.dtype not in _DTYPES or not t.is_contiguous():
+                raise NKIError(f"nki native executor: bound buffer {sid} is {t.dtype}")
+            ptrs[sid] = t.data_ptr()
+        threads = torch.get_num_threads()
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in
+                       (bound[sid] for sid in self.bound))
+        if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+            threads = 1  # aliased arguments: the schedule assumes distinct HBM tensors
+        rc = lib.nki_run(self.words.data_ptr(), self.imms.data_ptr(), self.ninstr, ctypes.addressof(ptrs),
+                         self.dtypes.data_ptr(), threads, self.max_free)
+        if rc != 0:
+            raise NKIError(f"nki native executor failed ({rc})")
+
+
+def _aligned(v, P):
+    """Partition p of ``v`` is row p of its on-chip storage (so the thread
+    owning partition p is the only one touching that row)."""
+    st = v.storage
+    if not st.buffer.on_chip:
+        return True
+    return v.ndim > 0 and v.shape[0] == P and v.offset < st.row and (P == 1 or v.strides[0] == st.row)
+
+
+def _span(v):
+    last = v.offset + sum((n - 1) * s for n, s in zip(v.shape, v.strides))
+    return v.offset, last
+
+
+def _overlaps(spans, span):
+    return any(a <= span[1] and span[0] <= b for a, b in spans)
+
+
+def _schedule(low):
+    """Marks each record: run whole by one thread (w[13]) when its partitions
+    can touch each other's memory, and a barrier before it (w[14]) when it
+    reads or writes HBM that an earlier record since the last barrier wrote
+    (or writes HBM one read)."""
+    written, read = {}, {}
+    for w, (outs, ins) in zip(low.words, low.access):
+        views = outs + ins
+        P = outs[0].shape[0] if outs[0].ndim else 1
+        rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
+        if w[0] == OP_COPY:
+            rowwise = rowwise and outs[0].storage.id != ins[0].storage.id
+        elif w[0] == OP_FILL:
+            rowwise = outs[0].storage.buffer.on_chip
+        if not rowwise:
+            w[13], w[14] = 1, 0
+            written, read = {}, {}
+            continue
+        hbm_out = [(v.storage.id, _span(v)) for v in outs if not v.storage.buffer.on_chip]
+        hbm_in = [(v.storage.id, _span(v)) for v in ins if not v.storage.buffer.on_chip]
+        conflict = any(_overlaps(written.get(sid, ()), sp) or _overlaps(read.get(sid, ()), sp) for sid, sp in hbm_out) \
+            or any(_overlaps(written.get(sid, ()), sp) for sid, sp in hbm_in)
+        if conflict:
+            written, read = {}, {}
+        w[13], w[14] = 0, int(conflict)
+        for sid, sp in hbm_out:
+            written.setdefault(sid, []).append(sp)
+        for sid, sp in hbm_in:
+            read.setdefault(sid, []).append(sp)
+
+
+def _peek(ins):
+    if ins.ir is None:
+        raise Unsupported(ins.name)
+    kind, a = ins.ir
+    if kind in ("copy",):
+        return a["dst"], [a["src"]]
+    srcs = [v for k, v in a.items() if k != "dst" and _is_tensor(v)]
+    return a["dst"], srcs
+
+
+_arenas = threading.local()
+
+
+def _arena(nbytes):
+    # Reused across launches: large fresh allocations would be page-faulted in each time.
+    a = getattr(_arenas, "buf", None)
+    if a is None or a.numel() < nbytes:
+        a = torch.empty(nbytes, dtype=torch.uint8)
+        _arenas.buf = a
+    return a
+
+
+def plan(program, precise):
+    """The NativeProgram for ``program``, or None to interpret it."""
+    m = mode()
+    if m == "interpreter":
+        return None
+    cache = program.__dict__.setdefault("_native", {})
+    key = bool(precise)
+    if key not in cache:
+        try:
+            cache[key] = NativeProgram(program, precise)
+            library()
+        except Unsupported as e:
+            cache[key] = e
+        except Exception as e:  # no compiler: the interpreter still runs everything
+            warnings.warn(f"nki: the native executor is unavailable ({e}); using the interpreter")
+            cache[key] = Unsupported(str(e))
+    r = cache[key]
+    if isinstance(r, Unsupported):
+        if m == "native":
+            raise NKIError(f"NKI_EXECUTOR=native: the native executor does not cover this kernel ({r})")
+        return None
+    return r

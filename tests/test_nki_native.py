@@ -1,0 +1,204 @@
+"""The native NKI executor (nki/_native.py, nki/_native.cpp) against the
+interpreter it replaces: identical outputs (bit for bit, NaNs included) on
+the acceptance kernels, torch's summation order reproduced, the NaN
+sentinel of fresh tiles, aliasing, threads, and NKI_EXECUTOR."""
+import os
+import sys
+
+import pytest
+import torch
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+from nki import _native
+
+sys.path.insert(0, os.path.dirname(__file__))
+import nki_kernels as K  # noqa: E402
+
+from conftest import assert_same  # noqa: E402
+
+
+def _run(mode, kernel, *args, monkeypatch):
+    monkeypatch.setenv("NKI_EXECUTOR", mode)
+    return kernel(*args)
+
+
+def _identical(a, b):
+    a, b = a.cpu(), b.cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a.isnan(), b.isnan())
+    assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)), (a.float() - b.float()).abs().max()
+
+
+def _both(kernel, *args, monkeypatch):
+    ref = _run("interpreter", kernel, *args, monkeypatch=monkeypatch)
+    out = _run("native", kernel, *args, monkeypatch=monkeypatch)
+    _identical(out, ref)
+    return out
+
+
+def _rmsnorm_ref(x, w, eps):
+    x32 = x.float()
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,hidden", [(512, 2048), (300, 1000), (5, 13)])
+def test_rmsnorm_native_matches_interpreter(dtype, rows, hidden, monkeypatch):
+    x = torch.randn(rows, hidden).to(dtype).to("neuron")
+    w = torch.randn(1, hidden).to(dtype).to("neuron")
+    out = _both(K.rmsnorm_wide, x, w, 1e-6, monkeypatch=monkeypatch)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert_same(out.float(), _rmsnorm_ref(x.cpu(), w.cpu(), 1e-6), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pool_native_matches_interpreter(dtype, monkeypatch):
+    x = torch.randn(3, 64, 30, 30).to(dtype).to("neuron")
+    b = torch.randn(64, 1).to(dtype).to("neuron")
+    out = _both(K.avgpool_bias_relu, x, b, monkeypatch=monkeypatch)
+    ref = torch.relu(torch.nn.functional.avg_pool2d(x.cpu().float(), 2) + b.cpu().float().view(1, -1, 1, 1))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert_same(out.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_threads_identical(threads, monkeypatch):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(700, 256).to("neuron")
+        w = torch.randn(1, 256).to("neuron")
+        _both(K.rmsnorm_wide, x, w, 1e-5, monkeypatch=monkeypatch)
+    finally:
+        torch.set_num_threads(old)
+
+
+@nki.jit
+def _row_sums(x):
+    """Sum of squares per row through activation_reduce, and plain row sums
+    and maxima through tensor_reduce (both in torch's summation order)."""
+    P, F = x.shape
+    out = nl.ndarray((P, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    sq = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    r = nl.ndarray((P, 3), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=sq, op=nl.square, data=t, reduce_op=nl.add, reduce_res=r[:, 0:1])
+    nisa.tensor_reduce(dst=r[:, 1:2], op=nl.add, data=t, axis=1, keepdims=True)
+    nisa.tensor_reduce(dst=r[:, 2:3], op=nl.maximum, data=t, axis=1, keepdims=True, negate=True)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_sum_order_is_torchs(dtype, monkeypatch):
+    # Every width through the lane, ILP and cascade-level boundaries of torch's sum.
+    for F in list(range(1, 80)) + [127, 128, 129, 255, 256, 257, 1000, 2048, 4097, 16384, 40000]:
+        x = (torch.randn(4, F) * 1000).to(dtype)
+        _both(_row_sums, x, monkeypatch=monkeypatch)
+
+
+@nki.jit
+def _partial_tile(x):
+    """Reads a tile of which only half was written: the other half is the
+    NaN sentinel on both executors."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, :F // 2], src=x[:, :F // 2])
+    y = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=y, data=t, op0=nl.add, operand0=1.0)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_nan_sentinel(dtype, monkeypatch):
+    x = torch.randn(8, 64).to(dtype)
+    out = _both(_partial_tile, x, monkeypatch=monkeypatch)
+    assert out[:, 32:].isnan().all() and not out[:, :32].isnan().any()
+
+
+@nki.jit
+def _aliasing(x):
+    """Sources overlapping the destination in the same tile: a shifted copy
+    within rows, an in-place op whose per-partition operand lives in the
+    destination, and a shifted-partition copy."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_copy(dst=t[:, 1:], src=t[:, :F - 1])
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=t[:, 3:4], op1=nl.add, operand1=t[:, 0:1])
+    nisa.scalar_tensor_tensor(dst=t, data=t, op0=nl.multiply, operand0=2.0, op1=nl.subtract, operand1=t)
+    nisa.tensor_copy(dst=t[1:], src=t[:P - 1])
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_native_aliasing(monkeypatch):
+    _both(_aliasing, torch.randn(16, 40), monkeypatch=monkeypatch)
+
+
+def test_native_precise_fp_off(monkeypatch):
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    x = torch.randn(200, 96).to(torch.bfloat16)
+    w = torch.randn(1, 96).to(torch.bfloat16)
+    _both(K.rmsnorm_wide, x, w, 1e-6, monkeypatch=monkeypatch)
+
+
+def test_native_uncovered_kernel(monkeypatch):
+    # softmax_rows uses exp, which the native executor does not implement.
+    x = torch.randn(130, 64).to("neuron")
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    with pytest.raises(nki.NKIError, match="native executor does not cover.*exp"):
+        K.softmax_rows(x)
+    ref = _run("interpreter", K.softmax_rows, x, monkeypatch=monkeypatch)
+    auto = _run("auto", K.softmax_rows, x, monkeypatch=monkeypatch)  # falls back to the interpreter
+    _identical(auto, ref)
+    assert_same(auto, torch.softmax(x.cpu(), dim=1), atol=1e-6, rtol=1e-5)
+
+
+def test_executor_env_checked(monkeypatch):
+    monkeypatch.setenv("NKI_EXECUTOR", "fast")
+    with pytest.raises(nki.NKIError, match="NKI_EXECUTOR"):
+        K.rmsnorm_wide(torch.randn(4, 8), torch.randn(1, 8), 1e-6)
+
+
+def test_native_elides_dma(monkeypatch):
+    # The lowering loads tiles in place and stores forward into the output:
+    # rmsnorm_wide keeps no copy record at all.
+    x, w = torch.randn(256, 64), torch.randn(1, 64)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    K.rmsnorm_wide(x, w, 1e-6)
+    nat = _native.plan(K.rmsnorm_wide.trace((x, w, 1e-6)), True)
+    ops = nat.words.reshape(nat.ninstr, -1)[:, 0].tolist()
+    assert _native.OP_COPY not in ops
+    assert nat.covered  # the output is written whole: no NaN fill
+
+
+@nki.jit
+def _per_row(x):
+    """[P, 1] statistics: reversed tensor_scalar ops with tile operands, an
+    activation with scale and bias tiles, into fp32 and bf16 tiles."""
+    P, F = x.shape
+    out = nl.ndarray((P, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nl.ndarray((P, 4), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r[:, 0:1], data=t[:, 0:1], op0=nl.subtract, operand0=t[:, 1:2], reverse0=True,
+                       op1=nl.divide, operand1=3.0, reverse1=True)
+    nisa.tensor_scalar(dst=r[:, 1:2], data=t[:, 2:3], op0=nl.maximum, operand0=0.25, op1=nl.greater,
+                       operand1=t[:, 3:4])
+    nisa.activation(dst=r[:, 2:3], op=nl.rsqrt, data=t[:, 4:5], scale=t[:, 5:6], bias=2.5)
+    nisa.activation(dst=r[:, 3:4], op=nl.relu, data=t[:, 6:7], scale=-1.5, bias=t[:, 7:8])
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_per_row_statistics(dtype, monkeypatch):
+    x = torch.randn(100, 8).abs().to(dtype)
+    _both(_per_row, x, monkeypatch=monkeypatch)
