@@ -7,22 +7,23 @@ plain dense ``LlamaForCausalLM`` at load time, so nothing is downloaded.
 
 Examples::
 
-    python examples/generate.py                          # neuron, static cache, compiled decode
-    python examples/generate.py --no-compile             # neuron, static cache, eager decode
+    python examples/generate.py                          # neuron, static cache, eager decode
+    python examples/generate.py --compile                # neuron, static cache, compiled decode
     python examples/generate.py --cache dynamic          # neuron, dynamic cache, eager
     python examples/generate.py --compare-cpu            # also run on CPU, require identical text
     python examples/generate.py --device cpu             # CPU only (no backend needed)
     python examples/generate.py --device cpu --force-compile   # CPU, compiled static decode
     python examples/generate.py --chat                   # interactive chat, streamed tokens
 
+Decode runs eagerly by default: for one answer that is the fastest end to end (compiling
+the decode step costs ~10 s for each new prompt length and saves little per token on this
+model; docs/benchmarks.md). ``--compile`` lets Transformers compile it (``torch.compile``,
+Inductor, ``mode="reduce-overhead"``), as it does by itself on accelerators; on CPU
+``--force-compile`` does the same.
+
 The first run dequantizes the GGUF and keeps the dense weights (safetensors, with the
 tokenizer) in the user cache directory, keyed by the file's hash and the dtype, so later runs
 load them directly (``--no-weights-cache`` skips that; ``TORCH_NEURONX_CACHE`` moves it).
-
-With ``--cache static`` on ``neuron`` Transformers compiles the decode step by itself
-(``torch.compile``, Inductor, ``mode="reduce-overhead"``); ``--no-compile`` turns that off
-(``generation_config.disable_compile=True``). On CPU Transformers never compiles unless
-asked, which ``--force-compile`` does.
 """
 
 from __future__ import annotations
@@ -411,8 +412,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="model dtype")
     p.add_argument("--compare-cpu", action="store_true",
                    help="also run the same greedy generation on CPU (eager) and require identical text")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the static-cache decode step (Transformers' auto-compile on accelerators)")
     p.add_argument("--no-compile", action="store_true",
-                   help="static cache without torch.compile (generation_config.disable_compile=True)")
+                   help="static cache without torch.compile (the default unless --compile/--force-compile)")
     p.add_argument("--force-compile", action="store_true",
                    help="compile the static-cache decode step even on devices transformers does not auto-compile for (CPU)")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend; None means inductor")
@@ -421,8 +424,9 @@ def parse_args(argv=None):
     p.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize the GGUF every run instead of loading the cached dense weights")
     args = p.parse_args(argv)
-    if args.no_compile and args.force_compile:
-        p.error("--no-compile and --force-compile are mutually exclusive")
+    if args.no_compile and (args.force_compile or args.compile):
+        p.error("--no-compile excludes --compile and --force-compile")
+    args.no_compile = not (args.compile or args.force_compile)
     if args.chat and args.compare_cpu:
         p.error("--chat and --compare-cpu are mutually exclusive")
     if args.max_new_tokens < 1:
