@@ -18,10 +18,9 @@ def assert_same(neuron_out, cpu_out, **tol):
     torch.testing.assert_close(neuron_out.cpu(), cpu_out, **tol)
 
 
-def run_python(code, env=None, check=True):
-    """Runs ``code`` in a fresh interpreter (device configuration is read once
-    per process). ``env`` entries are added to the environment; a value of
-    None removes the variable. Returns the CompletedProcess."""
+def _child_env(env):
+    """This process's environment without the device configuration (children
+    read their own), plus ``env`` (a value of None removes the variable)."""
     full_env = dict(os.environ)
     for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "NEURON_RT_HBM_BYTES",
                 "TORCH_NEURONX_DISABLE_FALLBACK", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
@@ -31,7 +30,14 @@ def run_python(code, env=None, check=True):
             full_env.pop(key, None)
         else:
             full_env[key] = value
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+    return full_env
+
+
+def run_python(code, env=None, check=True):
+    """Runs ``code`` in a fresh interpreter (device configuration is read once
+    per process). ``env`` entries are added to the environment; a value of
+    None removes the variable. Returns the CompletedProcess."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_child_env(env), capture_output=True,
                           text=True, timeout=300)
     if check:
         assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
@@ -58,17 +64,8 @@ def run_python_timeout(code, timeout, env=None):
     """Runs ``code`` like ``run_python(check=False)`` (same environment
     clean-up) but with its own ``timeout`` in seconds. Returns the
     CompletedProcess, or None if the child hung and was killed."""
-    full_env = dict(os.environ)
-    for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "NEURON_RT_HBM_BYTES",
-                "TORCH_NEURONX_DISABLE_FALLBACK", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
-        full_env.pop(key, None)
-    for key, value in (env or {}).items():
-        if value is None:
-            full_env.pop(key, None)
-        else:
-            full_env[key] = value
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_child_env(env),
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None

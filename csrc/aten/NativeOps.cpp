@@ -30,17 +30,24 @@ c10::Device target_device(std::optional<c10::Device> device) {
   return device_of_index(resolve_device(index));
 }
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
-  c10::Device dev = target_device(device);
-  AllocationContext context;
+// The dtype of a neuron factory's result, after the checks every factory makes.
+c10::ScalarType factory_dtype(std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                              std::optional<bool> pin_memory) {
   auto scalar_type = c10::dtype_or_default(dtype);
   check_supported_dtype(scalar_type);
   check_strict_dtype(scalar_type, "a neuron tensor");
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
   // Pinning is a property of host memory (as on CUDA).
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
+  return scalar_type;
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  c10::Device dev = target_device(device);
+  AllocationContext context;
+  auto scalar_type = factory_dtype(dtype, layout, pin_memory);
   c10::DeviceGuard guard(dev);
   return at::detail::empty_generic(size, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    scalar_type, memory_format);
@@ -51,12 +58,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> pin_memory) {
   c10::Device dev = target_device(device);
   AllocationContext context;
-  auto scalar_type = c10::dtype_or_default(dtype);
-  check_supported_dtype(scalar_type);
-  check_strict_dtype(scalar_type, "a neuron tensor");
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "neuron supports only strided tensors");
-  // Pinning is a property of host memory (as on CUDA).
-  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
+  auto scalar_type = factory_dtype(dtype, layout, pin_memory);
   c10::DeviceGuard guard(dev);
   return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), scalar_type);
