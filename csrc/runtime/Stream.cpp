@@ -262,7 +262,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   {
     std::lock_guard<std::mutex> lock(e.mutex);
     e.queue.push_back({std::move(kernel), launch_correlation()});
-    issued_.fetch_add(1, std::memory_order_acq_rel);
+    last_queued_.store(issued_.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_release);
     finished.swap(e.finished);
     if (e.sleeping) e.work.notify_one();
   }

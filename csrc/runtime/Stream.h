@@ -63,6 +63,9 @@ class Stream {
   // Raises KernelError for a failed queued kernel (clearing it); also frees
   // the kernels that have run.
   void check_error() const;
+  // Waits for the kernels queued so far (not for a synchronous launch in
+  // progress, which may be the caller itself).
+  void wait_queued() const { wait_for(last_queued_.load(std::memory_order_acquire)); }
   // Frees the kernels that have run (they hold their tensors until then),
   // without waiting or reporting errors.
   void release_finished() const;
@@ -76,6 +79,7 @@ class Stream {
   int64_t id_;
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
+  std::atomic<uint64_t> last_queued_{0};  // sequence number of the last enqueue()
   mutable std::atomic<Executor*> executor_{nullptr};
 };
 
