@@ -30,8 +30,9 @@ turn in the same processes, so the ratios come from one run.
 Each configuration is measured at the default thread count and at
 ``torch.set_num_threads(1)`` (``--threads``).
 
-Timing: a warm-up call, then ``n`` back-to-back calls sized to take about
-``--target`` seconds; the time is the slowest rank's (all_reduce MAX over Gloo).
+Timing: a warm-up call, then three runs of ``n`` back-to-back calls (together about
+``--target`` seconds); a run's time is its slowest rank's (all_reduce MAX over Gloo)
+and the median run is reported. The memcpy bound is the best of five runs.
 
 Examples::
 
@@ -73,35 +74,48 @@ def human(nbytes: int) -> str:
 # ---- the memcpy bound (parent process) -------------------------------------------
 
 
-def memcpy_bandwidth(nbytes: int, target: float) -> float:
-    """Bytes per second of ``dst.copy_(src)`` for ``nbytes`` fp32 (this process's threads)."""
+def memcpy_bandwidth(nbytes: int, target: float, samples: int = 5) -> float:
+    """Bytes per second of ``dst.copy_(src)`` for ``nbytes`` fp32 (this process's
+    threads): the best of ``samples`` timings, as a bound should be."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch the pages
     n = 1
-    while True:
+    while True:  # calls per sample
         start = time.perf_counter()
         for _ in range(n):
             dst.copy_(src)
         elapsed = time.perf_counter() - start
-        if elapsed >= target or n >= 10000:
-            return nbytes * n / elapsed
-        n = max(n * 2, int(n * target / max(elapsed, 1e-6)))
+        if elapsed >= target / samples or n >= 10000:
+            break
+        n = max(n * 2, int(n * target / samples / max(elapsed, 1e-6)))
+    best = elapsed
+    for _ in range(samples - 1):
+        start = time.perf_counter()
+        for _ in range(n):
+            dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes * n / best
 
 
 # ---- the ranks ----------------------------------------------------------------------
 
 
-def _timed(fn, target: float, sync, min_iters: int = 2, max_iters: int = 2000) -> float:
-    """Seconds per call of ``fn`` (slowest rank), after one warm-up call."""
+def _timed(fn, target: float, sync, min_iters: int = 2, max_iters: int = 2000, samples: int = 3) -> float:
+    """Seconds per call of ``fn``: after one warm-up call, ``samples`` runs of
+    ``n`` back-to-back calls; each run counts at its slowest rank; the median
+    run is reported (the machine is shared: single runs are noisy)."""
     start = time.perf_counter()
     fn()
     warm = sync(time.perf_counter() - start)
-    n = int(min(max_iters, max(min_iters, target / max(warm, 1e-6))))
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return sync(time.perf_counter() - start) / n
+    n = int(min(max_iters, max(min_iters, target / samples / max(warm, 1e-6))))
+    runs = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append(sync(time.perf_counter() - start) / n)
+    return sorted(runs)[len(runs) // 2]
 
 
 def _mlp(dim: int, ffn: int, blocks: int) -> torch.nn.Module:

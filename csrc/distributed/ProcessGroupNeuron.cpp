@@ -3,12 +3,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/thread_name.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
 #include "csrc/aten/HostExecution.h"
+#include "csrc/runtime/ShmCollectives.h"
+#include "csrc/runtime/Stream.h"
 
 namespace c10d {
 
@@ -230,6 +234,51 @@ void note_error(std::atomic<ErrorType>& sink, ErrorType type) {
   sink.compare_exchange_strong(expected, type);
 }
 
+// The shared-memory engine's element type for `t`, if it reduces it.
+std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return neuronrt::ShmDtype::Float32;
+    case at::kDouble: return neuronrt::ShmDtype::Float64;
+    case at::kHalf: return neuronrt::ShmDtype::Float16;
+    case at::kBFloat16: return neuronrt::ShmDtype::BFloat16;
+    case at::kChar: return neuronrt::ShmDtype::Int8;
+    case at::kByte: return neuronrt::ShmDtype::UInt8;
+    case at::kShort: return neuronrt::ShmDtype::Int16;
+    case at::kInt: return neuronrt::ShmDtype::Int32;
+    case at::kLong: return neuronrt::ShmDtype::Int64;
+    default: return std::nullopt;
+  }
+}
+
+// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_op).
+std::optional<neuronrt::ShmReduceOp> shm_op(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: case ReduceOp::PREMUL_SUM: return neuronrt::ShmReduceOp::Sum;
+    case ReduceOp::AVG: return neuronrt::ShmReduceOp::Avg;
+    case ReduceOp::MIN: return neuronrt::ShmReduceOp::Min;
+    case ReduceOp::MAX: return neuronrt::ShmReduceOp::Max;
+    case ReduceOp::PRODUCT: return neuronrt::ShmReduceOp::Product;
+    default: return std::nullopt;
+  }
+}
+
+// Whether the engine reduces `t` with `op` (dtype after widening; AVG only
+// for floating types, which check_reduction already enforced).
+bool shm_reduces(const at::Tensor& t, const ReduceOp& op) {
+  const auto dtype = widened(t.scalar_type()).value_or(t.scalar_type());
+  const auto d = shm_dtype(dtype);
+  const auto o = shm_op(op.op_);
+  return d && o && neuronrt::shm_supports(*d, *o);
+}
+
+// The engine moves bytes for all_gather: any dtype whose elements have a size.
+bool shm_moves(const at::Tensor& t) {
+  return t.defined() && !t.is_sparse() && t.element_size() > 0;
+}
+
+std::string store_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> store_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
 }  // namespace
 
 // ---- WorkNeuron --------------------------------------------------------------
@@ -327,7 +376,7 @@ int ProcessGroupNeuron::WorkNeuron::sourceRank() const {
 // ---- ProcessGroupNeuron ---------------------------------------------------------
 
 ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size,
-                                       c10::intrusive_ptr<Options> options)
+                                       c10::intrusive_ptr<Options> options, c10::intrusive_ptr<Store> store)
     : Backend(rank, size), gloo_(std::move(gloo)), options_(std::move(options)) {
   TORCH_CHECK(gloo_, "ProcessGroupNeuron needs a transport backend");
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, "ProcessGroupNeuron: transport is rank ",
@@ -341,7 +390,46 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int ran
                       "TORCH_NEURONX_ASYNC_ERROR_HANDLING must be 0, 1, 2 or 3, got '", m, "'");
     errorHandling_ = std::stoi(m);
   }
+  setupShm(store);
   init();
+}
+
+void ProcessGroupNeuron::setupShm(const c10::intrusive_ptr<Store>& store) {
+  const char* env = std::getenv("TORCH_NEURONX_SHM");
+  if (env && std::string(env) == "0") return;
+  if (!store || size_ < 2) return;
+  // Every rank reads every rank's keys, so all reach the same decision.
+  auto s = c10::make_intrusive<PrefixStore>("neuron/shm/", store);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  s->set(c10::str("host/", rank_), store_bytes(host));
+  for (int r = 0; r < size_; ++r) {
+    if (store_string(s->get(c10::str("host/", r))) != host) return;  // spans hosts: Gloo only
+  }
+  std::unique_ptr<neuronrt::ShmCollectives> shm;
+  try {
+    if (rank_ == 0) {
+      std::string name;
+      try {
+        shm = neuronrt::ShmCollectives::create(0, size_);
+        name = shm->name();
+      } catch (const neuronrt::ShmError&) {
+      }
+      s->set("name", store_bytes(name));  // empty: rank 0 could not create it
+    } else {
+      const std::string name = store_string(s->get("name"));
+      if (!name.empty()) shm = neuronrt::ShmCollectives::attach(name, rank_, size_);
+    }
+  } catch (const neuronrt::ShmError&) {
+    shm.reset();  // e.g. same host name, other host: the segment is not there
+  }
+  s->set(c10::str("attached/", rank_), store_bytes(shm ? "1" : "0"));
+  bool all = true;
+  for (int r = 0; r < size_; ++r) all = store_string(s->get(c10::str("attached/", r))) == "1" && all;
+  // Everyone has attached (or given up): the name is no longer needed, and
+  // without it the segment goes away with the last process that maps it.
+  if (rank_ == 0 && shm) shm->unlink();
+  if (all) shm_ = std::move(shm);
 }
 
 ProcessGroupNeuron::~ProcessGroupNeuron() {
@@ -394,6 +482,18 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
                                                     std::vector<at::Tensor> outputs,
                                                     const std::function<c10::intrusive_ptr<Work>()>& run,
                                                     std::function<void()> after) {
+  auto work = makeWork(type, opTimeout, std::move(outputs));
+  // Streams: kernel launches are synchronous today, so the inputs are ready
+  // here. Once they are asynchronous, record an event on the current stream
+  // and let the transport wait for it before touching the buffers.
+  c10::intrusive_ptr<Work> transport = run();
+  track(work, std::move(transport), std::move(after));
+  return work;
+}
+
+c10::intrusive_ptr<ProcessGroupNeuron::WorkNeuron> ProcessGroupNeuron::makeWork(OpType type,
+                                                                             std::chrono::milliseconds opTimeout,
+                                                                             std::vector<at::Tensor> outputs) {
   checkUsable();
   const uint64_t seq = ++seq_;
   const auto timeout = effectiveTimeout(opTimeout);
@@ -404,11 +504,30 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
   auto work = c10::make_intrusive<WorkNeuron>(rank_, type, seq, std::move(describe), timeout, std::move(outputs),
                                               std::move(devices), error_);
   work->watchdog_ = watchdog_;
-  // Streams: kernel launches are synchronous today, so the inputs are ready
-  // here. Once they are asynchronous, record an event on the current stream
-  // and let the transport wait for it before touching the buffers.
-  c10::intrusive_ptr<Work> transport = run();
-  track(work, std::move(transport), std::move(after));
+  return work;
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono::milliseconds opTimeout,
+                                                       std::vector<at::Tensor> outputs, const char* kernelName,
+                                                       const std::function<void(std::chrono::milliseconds)>& body) {
+  auto work = makeWork(type, opTimeout, outputs);
+  watch(work);  // a timeout reaches the watchdog (TORCH_NEURONX_ASYNC_ERROR_HANDLING)
+  const auto devices = devices_of(outputs);
+  std::exception_ptr error;
+  try {
+    std::lock_guard<std::mutex> lock(shmMutex_);
+    if (devices.empty()) {
+      body(work->timeout_);  // cpu tensors
+    } else {
+      // Launches are synchronous today, so the inputs are ready and the
+      // collective is done when this returns; once they are asynchronous,
+      // this is where the collective joins the stream's order.
+      neuronrt::current_stream(devices[0].index()).launch([&] { body(work->timeout_); }, kernelName);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  work->complete(error, {});
   return work;
 }
 
@@ -440,34 +559,48 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
   const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
                                     ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
                                     ", timeout ", timeout.count(), " ms)");
-  AllgatherOptions ao;
-  ao.timeout = timeout;
-  try {
-    auto fut = gloo_->allgather(all, in, ao)->getFuture();
-    // Wait on the future, not the Gloo work: abort() must release this wait.
-    auto state = abortWaits_;
-    fut->addCallback([state](c10::ivalue::Future&) {
-      { std::lock_guard<std::mutex> lock(state->mutex); }
-      state->cv.notify_all();
-    });
-    {
-      std::unique_lock<std::mutex> lock(state->mutex);
-      const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
-                                           [&] { return fut->completed() || aborted_.load(); });
-      if (!fut->completed()) {
-        if (!done) {
-          lock.unlock();
-          handleTimeout(what);
-        }
-        C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
-                                               : c10::str("timed out after ", timeout.count(), " ms"));
-      }
+  if (shm_ && static_cast<size_t>(width) <= neuronrt::ShmCollectives::kExchangeWords) {
+    // Through shared memory: a few microseconds instead of a Gloo round trip.
+    at::Tensor rows = at::empty({size_, width}, at::kLong);
+    try {
+      std::lock_guard<std::mutex> lock(shmMutex_);
+      shm_->exchange(p, static_cast<size_t>(width), rows.data_ptr<int64_t>(), timeout);
+    } catch (const neuronrt::ShmError& e) {
+      if (e.kind == neuronrt::ShmError::Kind::Timeout) handleTimeout(what);
+      if (!aborted_.load()) note_error(*error_, classify(e.what()));
+      C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", e.what()));
     }
-    if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
-  } catch (...) {
-    const std::string msg = error_message(std::current_exception());
-    if (!aborted_.load()) note_error(*error_, classify(msg));
-    C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
+    for (int r = 0; r < size_; ++r) all[0][r] = rows[r];
+  } else {
+    AllgatherOptions ao;
+    ao.timeout = timeout;
+    try {
+      auto fut = gloo_->allgather(all, in, ao)->getFuture();
+      // Wait on the future, not the Gloo work: abort() must release this wait.
+      auto state = abortWaits_;
+      fut->addCallback([state](c10::ivalue::Future&) {
+        { std::lock_guard<std::mutex> lock(state->mutex); }
+        state->cv.notify_all();
+      });
+      {
+        std::unique_lock<std::mutex> lock(state->mutex);
+        const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
+                                             [&] { return fut->completed() || aborted_.load(); });
+        if (!fut->completed()) {
+          if (!done) {
+            lock.unlock();
+            handleTimeout(what);
+          }
+          C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
+                                                 : c10::str("timed out after ", timeout.count(), " ms"));
+        }
+      }
+      if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
+    } catch (...) {
+      const std::string msg = error_message(std::current_exception());
+      if (!aborted_.load()) note_error(*error_, classify(msg));
+      C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
+    }
   }
 
   auto row = [&](int r) { return all[0][r].data_ptr<int64_t>(); };
@@ -500,17 +633,7 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
 void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
                                std::function<void()> after) {
   work->transport_ = transport;
-  {
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    if (!watchdogThread_.joinable()) watchdogThread_ = std::thread(&ProcessGroupNeuron::watchdogLoop, this);
-    if (pending_.size() >= 64) {
-      std::erase_if(pending_, [](const auto& w) {
-        auto p = w.lock();
-        return !p || p->isCompleted();
-      });
-    }
-    pending_.emplace_back(work);
-  }
+  watch(work);
   // Collective works carry a future; complete ours from its callback (no
   // extra thread, no second waiter on the Gloo work).
   c10::intrusive_ptr<c10::ivalue::Future> fut;
@@ -530,6 +653,18 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
     if (!completionThread_.joinable()) completionThread_ = std::thread(&ProcessGroupNeuron::completionLoop, queue_);
   }
   queue_->cv.notify_one();
+}
+
+void ProcessGroupNeuron::watch(const c10::intrusive_ptr<WorkNeuron>& work) {
+  std::lock_guard<std::mutex> lock(pendingMutex_);
+  if (!watchdogThread_.joinable()) watchdogThread_ = std::thread(&ProcessGroupNeuron::watchdogLoop, this);
+  if (pending_.size() >= 64) {
+    std::erase_if(pending_, [](const auto& w) {
+      auto p = w.lock();
+      return !p || p->isCompleted();
+    });
+  }
+  pending_.emplace_back(work);
 }
 
 void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) {
@@ -599,6 +734,7 @@ void ProcessGroupNeuron::watchdogLoop() {
 
 void ProcessGroupNeuron::abort() {
   aborted_ = true;
+  if (shm_) shm_->abort();  // releases callers inside a shared-memory collective
   std::vector<c10::intrusive_ptr<WorkNeuron>> pending;
   {
     std::lock_guard<std::mutex> lock(pendingMutex_);
@@ -679,7 +815,7 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
       childOpts->global_ranks_in_group.push_back(g.empty() ? static_cast<uint64_t>(r) : g.at(r));
     }
     child = c10::make_intrusive<ProcessGroupNeuron>(childGloo, childGloo->getRank(), childGloo->getSize(),
-                                                    childOpts);
+                                                    childOpts, store);
   }
   lastSplitKey_ = key;
   lastSplit_ = child;
@@ -699,6 +835,16 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& 
                                                        const AllreduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce");
   agree(OpType::ALLREDUCE, opts.timeout, tensors);
+  if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
+    return launchShm(OpType::ALLREDUCE, opts.timeout, tensors, "c10d::allreduce_ (shm)",
+                     [this, t = tensors[0], op = opts.reduceOp](std::chrono::milliseconds timeout) {
+                       at::Tensor host = host_view(t);
+                       at::Tensor in = reduction_input(host, op).contiguous();
+                       shm_->all_reduce(in.data_ptr(), static_cast<size_t>(in.numel()), *shm_dtype(in.scalar_type()),
+                                        *shm_op(op.op_), timeout);
+                       copy_back({host}, {in})();
+                     });
+  }
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   AllreduceOptions o = opts;
@@ -736,6 +882,29 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
                                                        std::vector<at::Tensor>& inputs,
                                                        const AllgatherOptions& opts) {
   agree(OpType::ALLGATHER, opts.timeout, inputs);
+  auto shmFits = [&] {
+    if (!shm_ || inputs.size() != 1 || outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_ ||
+        !shm_moves(inputs[0])) {
+      return false;
+    }
+    for (const auto& o : outputs[0]) {
+      if (o.scalar_type() != inputs[0].scalar_type() || o.numel() != inputs[0].numel() || !o.is_contiguous()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (shmFits()) {
+    return launchShm(OpType::ALLGATHER, opts.timeout, outputs[0], "c10d::allgather_ (shm)",
+                     [this, outs = outputs[0], input = inputs[0]](std::chrono::milliseconds timeout) {
+                       at::Tensor in = host_view(input).contiguous();
+                       std::vector<at::Tensor> hostOuts = host_view(outs);
+                       std::vector<void*> ptrs;
+                       for (auto& o : hostOuts) ptrs.push_back(o.data_ptr());
+                       shm_->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(in.numel()) * in.element_size(),
+                                        timeout);
+                     });
+  }
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::ALLGATHER, opts.timeout, flatten(outputs),
@@ -745,6 +914,20 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const AllgatherOptions& opts) {
   agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
+  if (shm_ && shm_moves(input) && output.scalar_type() == input.scalar_type() &&
+      output.numel() == input.numel() * size_) {
+    return launchShm(OpType::_ALLGATHER_BASE, opts.timeout, {output}, "c10d::_allgather_base_ (shm)",
+                     [this, output, input](std::chrono::milliseconds timeout) {
+                       at::Tensor in = host_view(input).contiguous();
+                       at::Tensor hostOut = host_view(output);
+                       at::Tensor out = hostOut.is_contiguous() ? hostOut : at::empty_like(hostOut, at::MemoryFormat::Contiguous);
+                       const size_t bytes = static_cast<size_t>(in.numel()) * in.element_size();
+                       std::vector<void*> outs;
+                       for (int r = 0; r < size_; ++r) outs.push_back(static_cast<char*>(out.data_ptr()) + r * bytes);
+                       shm_->all_gather(in.data_ptr(), outs.data(), bytes, timeout);
+                       if (!out.is_same(hostOut)) hostOut.copy_(out);
+                     });
+  }
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
   return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
@@ -804,6 +987,19 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
   }
   check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
   agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
+  if (shm_ && shm_reduces(outputs[0], opts.reduceOp)) {
+    return launchShm(OpType::REDUCE_SCATTER, opts.timeout, outputs, "c10d::reduce_scatter_ (shm)",
+                     [this, output = outputs[0], ins = inputs[0], op = opts.reduceOp](std::chrono::milliseconds timeout) {
+                       std::vector<at::Tensor> flat;
+                       for (const auto& t : host_view(ins)) flat.push_back(t.reshape({-1}));
+                       at::Tensor in = reduction_input(at::cat(flat), op).contiguous();
+                       at::Tensor hostOut = host_view(output);
+                       at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
+                       shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout);
+                       hostOut.copy_(out.view(hostOut.sizes()));
+                     });
+  }
   // The list form runs as the flat form over one contiguous scratch input
   // (scaled or widened as needed) and a scratch output copied back.
   std::vector<at::Tensor> flat;
@@ -822,6 +1018,19 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& ou
                                                                   const ReduceScatterOptions& opts) {
   check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
   agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
+  if (shm_ && shm_reduces(input, opts.reduceOp) && output.scalar_type() == input.scalar_type() &&
+      input.numel() == output.numel() * size_) {
+    return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, "c10d::_reduce_scatter_base_ (shm)",
+                     [this, output, input, op = opts.reduceOp](std::chrono::milliseconds timeout) {
+                       at::Tensor hostOut = host_view(output);
+                       at::Tensor in = reduction_input(host_view(input), op).contiguous();
+                       const bool direct = in.scalar_type() == hostOut.scalar_type() && hostOut.is_contiguous();
+                       at::Tensor out = direct ? hostOut : at::empty({hostOut.numel()}, in.options());
+                       shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(hostOut.numel()),
+                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout);
+                       if (!direct) hostOut.copy_(out.view(hostOut.sizes()));
+                     });
+  }
   at::Tensor hostOut = host_view(output);
   at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
   at::Tensor out = in.scalar_type() == hostOut.scalar_type() ? hostOut : hostOut.to(in.scalar_type());
