@@ -59,7 +59,8 @@ MiB = 1024 * KiB
 SIZES = [4 * KiB * 4**i for i in range(9)]  # 4 KiB ... 256 MiB
 QUICK_SIZES = [4 * KiB, 1 * MiB, 16 * MiB]
 LATENCY_SIZES = [8, 64, 512, 4 * KiB]
-COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather"]
+# all_gather_inplace: the input is the rank's block of the output (as FSDP2 calls it).
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_gather_inplace"]
 JOBS = ["DDP", "FSDP2", "TP"]
 SHM_GATE = 0.5  # fast-path goal: busbw >= 50 % of the memcpy bound for >= 1 MiB
 
@@ -156,7 +157,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, cfg: dict) 
 
     results: dict = {"bandwidth": {}, "latency": {}, "steps": {}}
     factor = {"all_reduce": 2 * (world - 1) / world, "reduce_scatter": (world - 1) / world,
-              "all_gather": (world - 1) / world}
+              "all_gather": (world - 1) / world, "all_gather_inplace": (world - 1) / world}
     for size in cfg["sizes"]:
         numel = size // 4
         for coll in COLLECTIVES:
@@ -168,9 +169,13 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, cfg: dict) 
                     src = torch.ones(numel, device=device)
                     dst = torch.empty(numel // world, device=device)
                     fn = lambda: dist.reduce_scatter_tensor(dst, src, group=group)  # noqa: E731
-                else:
+                elif coll == "all_gather":
                     src = torch.ones(numel // world, device=device)
                     dst = torch.empty(numel, device=device)
+                    fn = lambda: dist.all_gather_into_tensor(dst, src, group=group)  # noqa: E731
+                else:
+                    dst = torch.ones(numel, device=device)
+                    src = dst.chunk(world)[rank]
                     fn = lambda: dist.all_gather_into_tensor(dst, src, group=group)  # noqa: E731
                 seconds = _timed(fn, cfg["target"], sync)
                 results["bandwidth"][f"{coll}|{size}|{name}"] = size / seconds * factor[coll]
@@ -242,35 +247,40 @@ def fmt_bw(bps: float) -> str:
 
 
 def report(threads_label: str, world: int, cfg: dict, memcpy: dict, r: dict) -> str:
-    lines = [f"### {threads_label} (world {world})", ""]
-    lines += ["Bus bandwidth, GB/s (nccl-tests busbw); `%memcpy` = neuron busbw / memcpy bandwidth.", ""]
-    lines += ["| collective | size | memcpy | neuron | neuron/gloo | gloo | neuron/gloo-CPU | %memcpy |",
-              "|---|---|---|---|---|---|---|---|"]
-    for coll in COLLECTIVES:
-        for size in cfg["sizes"]:
-            bw = {e: r["bandwidth"][f"{coll}|{size}|{e}"] for e in ("neuron", "neuron/gloo", "gloo")}
-            mc = memcpy[str(size)]
-            lines.append(f"| {coll} | {human(size)} | {fmt_bw(mc)} | {fmt_bw(bw['neuron'])} | "
-                         f"{fmt_bw(bw['neuron/gloo'])} | {fmt_bw(bw['gloo'])} | {bw['neuron'] / bw['gloo']:.2f}x | "
-                         f"{100 * bw['neuron'] / mc:.0f} % |")
-    lines += ["", "all_reduce latency, µs per call (ratio = neuron / gloo; lower is better).", "",
-              "| size | neuron | neuron/gloo | gloo | ratio |", "|---|---|---|---|---|"]
-    for size in cfg["latency_sizes"]:
-        t = {e: r["latency"][f"{size}|{e}"] * 1e6 for e in ("neuron", "neuron/gloo", "gloo")}
-        lines.append(f"| {human(size)} | {t['neuron']:.0f} | {t['neuron/gloo']:.0f} | {t['gloo']:.0f} | "
-                     f"{t['neuron'] / t['gloo']:.2f} |")
-    dim, ffn, blocks, batch = cfg["model"]
-    lines += ["", f"Step time, ms (MLP {blocks}x[{dim}->{ffn}->{dim}], batch {batch}, SGD; "
-              "ratio = neuron / the same job on CPU Gloo).", "",
-              "| job | neuron | neuron/gloo | gloo (CPU) | ratio |", "|---|---|---|---|---|"]
-    for job in cfg["jobs"]:
-        t = {e: r["steps"][f"{job}|{e}"] * 1e3 for e in ("neuron", "neuron/gloo", "gloo")}
-        lines.append(f"| {job} | {t['neuron']:.1f} | {t['neuron/gloo']:.1f} | {t['gloo']:.1f} | "
-                     f"{t['neuron'] / t['gloo']:.2f} |")
-    gate = [r["bandwidth"][f"{c}|{s}|neuron"] / memcpy[str(s)] for c in COLLECTIVES for s in cfg["sizes"] if s >= MiB]
-    if gate:
-        lines += ["", f"Fast-path gate (busbw >= {SHM_GATE:.0%} of memcpy for >= 1 MiB): "
-                  f"worst {min(gate):.0%} -> {'PASS' if min(gate) >= SHM_GATE else 'FAIL'}"]
+    engines = ("neuron", "neuron/gloo", "gloo")
+    lines = [f"### {threads_label} (world {world})"]
+    if cfg["sizes"]:
+        lines += ["", "Bus bandwidth, GB/s (nccl-tests busbw); `%memcpy` = neuron busbw / memcpy bandwidth.", "",
+                  "| collective | size | memcpy | neuron | neuron/gloo | gloo | neuron / gloo | %memcpy |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for coll in COLLECTIVES:
+            for size in cfg["sizes"]:
+                bw = {e: r["bandwidth"][f"{coll}|{size}|{e}"] for e in engines}
+                mc = memcpy[str(size)]
+                lines.append(f"| {coll} | {human(size)} | {fmt_bw(mc)} | {fmt_bw(bw['neuron'])} | "
+                             f"{fmt_bw(bw['neuron/gloo'])} | {fmt_bw(bw['gloo'])} | "
+                             f"{bw['neuron'] / bw['gloo']:.2f}x | {100 * bw['neuron'] / mc:.0f} % |")
+        big = [s for s in cfg["sizes"] if s >= MiB]
+        if big:
+            worst = {c: min(r["bandwidth"][f"{c}|{s}|neuron"] / memcpy[str(s)] for s in big) for c in COLLECTIVES}
+            lines += ["", f"Fast-path gate (busbw >= {SHM_GATE:.0%} of memcpy for >= 1 MiB), worst size per collective: "
+                      + ", ".join(f"{c} {v:.0%} {'pass' if v >= SHM_GATE else 'FAIL'}" for c, v in worst.items())]
+    if cfg["latency_sizes"]:
+        lines += ["", "all_reduce latency, µs per call (ratio = neuron / gloo; lower is better).", "",
+                  "| size | neuron | neuron/gloo | gloo | ratio |", "|---|---|---|---|---|"]
+        for size in cfg["latency_sizes"]:
+            t = {e: r["latency"][f"{size}|{e}"] * 1e6 for e in engines}
+            lines.append(f"| {human(size)} | {t['neuron']:.0f} | {t['neuron/gloo']:.0f} | {t['gloo']:.0f} | "
+                         f"{t['neuron'] / t['gloo']:.2f} |")
+    if cfg["jobs"]:
+        dim, ffn, blocks, batch = cfg["model"]
+        lines += ["", f"Step time, ms (MLP {blocks}x[{dim}->{ffn}->{dim}], batch {batch}, SGD; "
+                  "ratio = neuron / the same job on CPU Gloo).", "",
+                  "| job | neuron | neuron/gloo | gloo (CPU) | ratio |", "|---|---|---|---|---|"]
+        for job in cfg["jobs"]:
+            t = {e: r["steps"][f"{job}|{e}"] * 1e3 for e in engines}
+            lines.append(f"| {job} | {t['neuron']:.1f} | {t['neuron/gloo']:.1f} | {t['gloo']:.1f} | "
+                         f"{t['neuron'] / t['gloo']:.2f} |")
     return "\n".join(lines)
 
 
@@ -280,14 +290,19 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 3 sizes, short timings")
     p.add_argument("--threads", choices=["default", "1", "both"], default="both")
     p.add_argument("--target", type=float, default=None, help="seconds per measurement (default 0.25, quick 0.05)")
+    p.add_argument("--only", default="bandwidth,latency,steps",
+                   help="comma-separated parts to run: bandwidth, latency, steps")
+    p.add_argument("--min-size", type=int, default=0, help="skip bandwidth sizes below this many bytes")
     p.add_argument("--json", help="also write the raw results here")
     args = p.parse_args()
     if args.world > 2 and "NEURON_RT_NUM_CORES" not in os.environ:
         os.environ["NEURON_RT_NUM_CORES"] = str(args.world)  # one NeuronCore per rank
     target = args.target or (0.05 if args.quick else 0.25)
-    cfg = {"sizes": QUICK_SIZES if args.quick else SIZES,
-           "latency_sizes": [8, 4 * KiB] if args.quick else LATENCY_SIZES,
-           "target": target, "jobs": JOBS,
+    parts = set(args.only.split(","))
+    sizes = [s for s in (QUICK_SIZES if args.quick else SIZES) if s >= args.min_size]
+    cfg = {"sizes": sizes if "bandwidth" in parts else [],
+           "latency_sizes": ([8, 4 * KiB] if args.quick else LATENCY_SIZES) if "latency" in parts else [],
+           "target": target, "jobs": JOBS if "steps" in parts else [],
            "model": (256, 1024, 2, 16) if args.quick else (512, 2048, 2, 64)}
     settings = {"default": [None], "1": [1], "both": [None, 1]}[args.threads]
     print(f"# benchmarks/distributed.py: torch {torch.__version__}, {platform.machine()}, "

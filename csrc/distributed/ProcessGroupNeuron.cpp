@@ -508,38 +508,52 @@ c10::intrusive_ptr<ProcessGroupNeuron::WorkNeuron> ProcessGroupNeuron::makeWork(
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono::milliseconds opTimeout,
-                                                       std::vector<at::Tensor> outputs, const char* kernelName,
-                                                       const std::function<void(std::chrono::milliseconds)>& body) {
+                                                       std::vector<at::Tensor> outputs,
+                                                       const std::vector<at::Tensor>& checked, const char* kernelName,
+                                                       const ShmBody& body) {
   auto work = makeWork(type, opTimeout, outputs);
   watch(work);  // a timeout reaches the watchdog (TORCH_NEURONX_ASYNC_ERROR_HANDLING)
+  // The argument check travels with the collective's first step.
+  std::vector<int64_t> words;
+  std::string mismatch;
+  neuronrt::ShmCheck check;
+  if (checkAgreement_) {
+    words = agreementWords(type, checked);
+    check = {words.data(), words.size(), [&](const int64_t* all) {
+               mismatch = disagreement(words, all);
+               if (!mismatch.empty()) throw neuronrt::Error(mismatch);
+             }};
+  }
   const auto devices = devices_of(outputs);
   std::exception_ptr error;
   try {
     std::lock_guard<std::mutex> lock(shmMutex_);
+    const neuronrt::ShmCheck* c = checkAgreement_ ? &check : nullptr;
     if (devices.empty()) {
-      body(work->timeout_);  // cpu tensors
+      body(work->timeout_, c);  // cpu tensors
     } else {
       // Launches are synchronous today, so the inputs are ready and the
       // collective is done when this returns; once they are asynchronous,
       // this is where the collective joins the stream's order.
-      neuronrt::current_stream(devices[0].index()).launch([&] { body(work->timeout_); }, kernelName);
+      neuronrt::current_stream(devices[0].index()).launch([&] { body(work->timeout_, c); }, kernelName);
     }
   } catch (...) {
     error = std::current_exception();
+  }
+  if (error && !mismatch.empty()) {
+    // Every rank failed this check together and nothing moved: raise as
+    // agree() does (the group stays usable); the work is retired unused.
+    work->complete(nullptr, {});
+    C10_THROW_ERROR(DistBackendError, c10::str(work->describe(), ": ", mismatch));
   }
   work->complete(error, {});
   return work;
 }
 
-void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
-                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
-                               const std::vector<int64_t>& outSplits) {
-  if (!checkAgreement_ || size_ == 1) return;
-  checkUsable();
-  const bool a2a = !inSplits.empty() || !outSplits.empty();
-  const int64_t width = 4 + 2 * static_cast<int64_t>(size_);
-  at::Tensor mine = at::zeros({width}, at::kLong);
-  int64_t* p = mine.data_ptr<int64_t>();
+std::vector<int64_t> ProcessGroupNeuron::agreementWords(OpType type, const std::vector<at::Tensor>& tensors,
+                                                        const std::vector<int64_t>& inSplits,
+                                                        const std::vector<int64_t>& outSplits) const {
+  std::vector<int64_t> p(4 + 2 * static_cast<size_t>(size_), 0);
   p[0] = static_cast<int64_t>(type);
   p[1] = tensors.empty() ? -1 : static_cast<int64_t>(tensors[0].scalar_type());
   uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, numel) of every tensor
@@ -551,27 +565,69 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
   p[3] = static_cast<int64_t>(hash);
   for (size_t i = 0; i < inSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + i] = inSplits[i];
   for (size_t i = 0; i < outSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + size_ + i] = outSplits[i];
+  // Only all_to_all compares splits; its words say so.
+  if (!inSplits.empty() || !outSplits.empty()) p[2] = -1;
+  return p;
+}
 
-  std::vector<std::vector<at::Tensor>> all(1);
-  for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
-  std::vector<at::Tensor> in{mine};
+std::string ProcessGroupNeuron::disagreement(const std::vector<int64_t>& mine, const int64_t* all) const {
+  const size_t width = mine.size();
+  const bool a2a = mine[2] == -1;
+  auto row = [&](int r) { return all + r * width; };
+  bool ok = true;
+  for (int r = 0; r < size_ && ok; ++r) {
+    const int64_t* q = row(r);
+    ok = q[0] == mine[0] && q[1] == mine[1] && q[2] == mine[2] && (a2a || q[3] == mine[3]);
+  }
+  // all_to_all: what rank i sends to j is what j expects from i.
+  for (int i = 0; i < size_ && ok && a2a; ++i) {
+    for (int j = 0; j < size_ && ok; ++j) ok = row(i)[4 + j] == row(j)[4 + size_ + i];
+  }
+  if (ok) return {};
+  std::string ranks;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* q = row(r);
+    ranks += c10::str("\n  rank ", r, ": ", opTypeToString(static_cast<OpType>(q[0])), " ",
+                      q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
+    if (q[2] == -1) {
+      ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
+                        join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
+    } else {
+      ranks += c10::str(", ", q[2], " elements");
+    }
+  }
+  return c10::str("the ranks called mismatched collectives (op, dtype or sizes differ):", ranks);
+}
+
+void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
+                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
+                               const std::vector<int64_t>& outSplits) {
+  if (!checkAgreement_ || size_ == 1) return;
+  checkUsable();
+  const std::vector<int64_t> p = agreementWords(type, tensors, inSplits, outSplits);
+  const int64_t width = static_cast<int64_t>(p.size());
   const auto timeout = effectiveTimeout(opTimeout);
   const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
                                     ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
                                     ", timeout ", timeout.count(), " ms)");
-  if (shm_ && static_cast<size_t>(width) <= neuronrt::ShmCollectives::kExchangeWords) {
-    // Through shared memory: a few microseconds instead of a Gloo round trip.
-    at::Tensor rows = at::empty({size_, width}, at::kLong);
+  std::string mismatch;
+  if (shm_ && p.size() <= neuronrt::ShmCollectives::kExchangeWords) {
+    // Through shared memory: no Gloo round trip. This is also the step a
+    // rank meets when its peers' collective runs on the shared-memory path.
+    neuronrt::ShmCheck check{p.data(), p.size(), [&](const int64_t* all) { mismatch = disagreement(p, all); }};
     try {
       std::lock_guard<std::mutex> lock(shmMutex_);
-      shm_->exchange(p, static_cast<size_t>(width), rows.data_ptr<int64_t>(), timeout);
+      shm_->exchange(check, timeout);
     } catch (const neuronrt::ShmError& e) {
       if (e.kind == neuronrt::ShmError::Kind::Timeout) handleTimeout(what);
       if (!aborted_.load()) note_error(*error_, classify(e.what()));
       C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", e.what()));
     }
-    for (int r = 0; r < size_; ++r) all[0][r] = rows[r];
   } else {
+    at::Tensor mine = at::tensor(p, at::kLong);
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
+    std::vector<at::Tensor> in{mine};
     AllgatherOptions ao;
     ao.timeout = timeout;
     try {
@@ -601,33 +657,10 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
       if (!aborted_.load()) note_error(*error_, classify(msg));
       C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
     }
+    at::Tensor rows = at::stack(all[0]).contiguous();
+    mismatch = disagreement(p, rows.data_ptr<int64_t>());
   }
-
-  auto row = [&](int r) { return all[0][r].data_ptr<int64_t>(); };
-  bool ok = true;
-  for (int r = 0; r < size_ && ok; ++r) {
-    const int64_t* q = row(r);
-    ok = q[0] == p[0] && q[1] == p[1] && (a2a || (q[2] == p[2] && q[3] == p[3]));
-  }
-  // all_to_all: what rank i sends to j is what j expects from i.
-  for (int i = 0; i < size_ && ok && a2a; ++i) {
-    for (int j = 0; j < size_ && ok; ++j) ok = row(i)[4 + j] == row(j)[4 + size_ + i];
-  }
-  if (ok) return;
-  std::string ranks;
-  for (int r = 0; r < size_; ++r) {
-    const int64_t* q = row(r);
-    ranks += c10::str("\n  rank ", r, ": ", opTypeToString(static_cast<OpType>(q[0])), " ",
-                      q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
-    if (a2a) {
-      ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
-                        join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
-    } else {
-      ranks += c10::str(", ", q[2], " elements");
-    }
-  }
-  C10_THROW_ERROR(DistBackendError,
-                  c10::str(what, ": the ranks called mismatched collectives (op, dtype or sizes differ):", ranks));
+  if (!mismatch.empty()) C10_THROW_ERROR(DistBackendError, c10::str(what, ": ", mismatch));
 }
 
 void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
@@ -834,17 +867,18 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce");
-  agree(OpType::ALLREDUCE, opts.timeout, tensors);
   if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
-    return launchShm(OpType::ALLREDUCE, opts.timeout, tensors, "c10d::allreduce_ (shm)",
-                     [this, t = tensors[0], op = opts.reduceOp](std::chrono::milliseconds timeout) {
+    return launchShm(OpType::ALLREDUCE, opts.timeout, tensors, tensors, "c10d::allreduce_ (shm)",
+                     [this, t = tensors[0], op = opts.reduceOp](std::chrono::milliseconds timeout,
+                                                                const neuronrt::ShmCheck* check) {
                        at::Tensor host = host_view(t);
                        at::Tensor in = reduction_input(host, op).contiguous();
                        shm_->all_reduce(in.data_ptr(), static_cast<size_t>(in.numel()), *shm_dtype(in.scalar_type()),
-                                        *shm_op(op.op_), timeout);
+                                        *shm_op(op.op_), timeout, check);
                        copy_back({host}, {in})();
                      });
   }
+  agree(OpType::ALLREDUCE, opts.timeout, tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   AllreduceOptions o = opts;
@@ -881,7 +915,6 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const AllgatherOptions& opts) {
-  agree(OpType::ALLGATHER, opts.timeout, inputs);
   auto shmFits = [&] {
     if (!shm_ || inputs.size() != 1 || outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_ ||
         !shm_moves(inputs[0])) {
@@ -895,16 +928,18 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
     return true;
   };
   if (shmFits()) {
-    return launchShm(OpType::ALLGATHER, opts.timeout, outputs[0], "c10d::allgather_ (shm)",
-                     [this, outs = outputs[0], input = inputs[0]](std::chrono::milliseconds timeout) {
+    return launchShm(OpType::ALLGATHER, opts.timeout, outputs[0], inputs, "c10d::allgather_ (shm)",
+                     [this, outs = outputs[0], input = inputs[0]](std::chrono::milliseconds timeout,
+                                                                 const neuronrt::ShmCheck* check) {
                        at::Tensor in = host_view(input).contiguous();
                        std::vector<at::Tensor> hostOuts = host_view(outs);
                        std::vector<void*> ptrs;
                        for (auto& o : hostOuts) ptrs.push_back(o.data_ptr());
                        shm_->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(in.numel()) * in.element_size(),
-                                        timeout);
+                                        timeout, check);
                      });
   }
+  agree(OpType::ALLGATHER, opts.timeout, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
   return launch(OpType::ALLGATHER, opts.timeout, flatten(outputs),
@@ -913,21 +948,21 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const AllgatherOptions& opts) {
-  agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
   if (shm_ && shm_moves(input) && output.scalar_type() == input.scalar_type() &&
       output.numel() == input.numel() * size_) {
-    return launchShm(OpType::_ALLGATHER_BASE, opts.timeout, {output}, "c10d::_allgather_base_ (shm)",
-                     [this, output, input](std::chrono::milliseconds timeout) {
+    return launchShm(OpType::_ALLGATHER_BASE, opts.timeout, {output}, {input}, "c10d::_allgather_base_ (shm)",
+                     [this, output, input](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
                        at::Tensor in = host_view(input).contiguous();
                        at::Tensor hostOut = host_view(output);
                        at::Tensor out = hostOut.is_contiguous() ? hostOut : at::empty_like(hostOut, at::MemoryFormat::Contiguous);
                        const size_t bytes = static_cast<size_t>(in.numel()) * in.element_size();
                        std::vector<void*> outs;
                        for (int r = 0; r < size_; ++r) outs.push_back(static_cast<char*>(out.data_ptr()) + r * bytes);
-                       shm_->all_gather(in.data_ptr(), outs.data(), bytes, timeout);
+                       shm_->all_gather(in.data_ptr(), outs.data(), bytes, timeout, check);
                        if (!out.is_same(hostOut)) hostOut.copy_(out);
                      });
   }
+  agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
   return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
@@ -986,20 +1021,21 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                       outputs[0].scalar_type());
   }
   check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
-  agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
   if (shm_ && shm_reduces(outputs[0], opts.reduceOp)) {
-    return launchShm(OpType::REDUCE_SCATTER, opts.timeout, outputs, "c10d::reduce_scatter_ (shm)",
-                     [this, output = outputs[0], ins = inputs[0], op = opts.reduceOp](std::chrono::milliseconds timeout) {
+    return launchShm(OpType::REDUCE_SCATTER, opts.timeout, outputs, outputs, "c10d::reduce_scatter_ (shm)",
+                     [this, output = outputs[0], ins = inputs[0], op = opts.reduceOp](std::chrono::milliseconds timeout,
+                                                                                      const neuronrt::ShmCheck* check) {
                        std::vector<at::Tensor> flat;
                        for (const auto& t : host_view(ins)) flat.push_back(t.reshape({-1}));
                        at::Tensor in = reduction_input(at::cat(flat), op).contiguous();
                        at::Tensor hostOut = host_view(output);
                        at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
                        shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
-                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout);
+                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
                        hostOut.copy_(out.view(hostOut.sizes()));
                      });
   }
+  agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
   // The list form runs as the flat form over one contiguous scratch input
   // (scaled or widened as needed) and a scratch output copied back.
   std::vector<at::Tensor> flat;
@@ -1017,20 +1053,22 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const ReduceScatterOptions& opts) {
   check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
-  agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
   if (shm_ && shm_reduces(input, opts.reduceOp) && output.scalar_type() == input.scalar_type() &&
       input.numel() == output.numel() * size_) {
-    return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, "c10d::_reduce_scatter_base_ (shm)",
-                     [this, output, input, op = opts.reduceOp](std::chrono::milliseconds timeout) {
+    return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, {input},
+                     "c10d::_reduce_scatter_base_ (shm)",
+                     [this, output, input, op = opts.reduceOp](std::chrono::milliseconds timeout,
+                                                               const neuronrt::ShmCheck* check) {
                        at::Tensor hostOut = host_view(output);
                        at::Tensor in = reduction_input(host_view(input), op).contiguous();
                        const bool direct = in.scalar_type() == hostOut.scalar_type() && hostOut.is_contiguous();
                        at::Tensor out = direct ? hostOut : at::empty({hostOut.numel()}, in.options());
                        shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(hostOut.numel()),
-                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout);
+                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
                        if (!direct) hostOut.copy_(out.view(hostOut.sizes()));
                      });
   }
+  agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
   at::Tensor hostOut = host_view(output);
   at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
   at::Tensor out = in.scalar_type() == hostOut.scalar_type() ? hostOut : hostOut.to(in.scalar_type());

@@ -37,6 +37,7 @@
 
 namespace neuronrt {
 class ShmCollectives;
+struct ShmCheck;
 }
 
 namespace c10d {
@@ -173,6 +174,12 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   // TORCH_NEURONX_COLLECTIVE_CHECK=0 turns it off (saves a round trip).
   void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
              const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {});
+  // What a rank publishes for the check, and the mismatch report (empty when
+  // every rank's words, `all` = size x words, agree).
+  std::vector<int64_t> agreementWords(OpType type, const std::vector<at::Tensor>& tensors,
+                                      const std::vector<int64_t>& inSplits = {},
+                                      const std::vector<int64_t>& outSplits = {}) const;
+  std::string disagreement(const std::vector<int64_t>& mine, const int64_t* all) const;
   void track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
              std::function<void()> after);
   c10::intrusive_ptr<WorkNeuron> makeWork(OpType type, std::chrono::milliseconds opTimeout,
@@ -185,8 +192,11 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   // launch on the current stream of the outputs' device, so the engine
   // reaches device memory the way kernels do (NEURON_RT_PROTECT=1 holds).
   void setupShm(const c10::intrusive_ptr<Store>& store);
+  // `checked` are the tensors the argument check describes (as in agree()).
+  using ShmBody = std::function<void(std::chrono::milliseconds, const neuronrt::ShmCheck*)>;
   c10::intrusive_ptr<Work> launchShm(OpType type, std::chrono::milliseconds opTimeout, std::vector<at::Tensor> outputs,
-                                     const char* kernelName, const std::function<void(std::chrono::milliseconds)>& body);
+                                     const std::vector<at::Tensor>& checked, const char* kernelName,
+                                     const ShmBody& body);
   std::unique_ptr<neuronrt::ShmCollectives> shm_;
   std::mutex shmMutex_;  // one shared-memory collective at a time per group
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;

@@ -329,7 +329,7 @@ void ShmCollectives::check_usable(const char* what) const {
   if (broken_.load()) {
     throw ShmError(ShmError::Kind::Broken, std::string(what) +
                                                ": the shared-memory transport failed in an earlier collective "
-                                               "(a peer timed out, exited or aborted); create a new process group");
+                                               "(see that error); create a new process group");
   }
 }
 
@@ -367,6 +367,24 @@ void ShmCollectives::arrive() {
   const uint32_t next = me.seq.load(std::memory_order_relaxed) + 1;
   me.seq.store(next, std::memory_order_seq_cst);
   if (me.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&me.seq);
+}
+
+void ShmCollectives::publish(const ShmCheck* check, int half) {
+  if (!check || !check->count) return;
+  if (check->count > kExchangeWords) throw Error("shared-memory collective: too many check words");
+  std::memcpy(words(rank_, half), check->words, check->count * sizeof(int64_t));
+}
+
+void ShmCollectives::verify(const ShmCheck* check, int half) {
+  if (!check || !check->count || !check->verify) return;
+  std::vector<int64_t> all(static_cast<size_t>(size_) * check->count);
+  for (int r = 0; r < size_; ++r) std::memcpy(&all[r * check->count], words(r, half), check->count * sizeof(int64_t));
+  try {
+    check->verify(all.data());
+  } catch (...) {
+    arrive();  // finish the step as the peers do: the group stays in step
+    throw;
+  }
 }
 
 void ShmCollectives::wait_peers(uint32_t target, const char* what) {
@@ -437,41 +455,53 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds t
 }  // namespace
 
 void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmReduceOp op,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout, const ShmCheck* check) {
   constexpr const char* what = "shared-memory all_reduce";
   check_usable(what);
   if (!shm_supports(dtype, op)) throw Error("shared-memory all_reduce: AVG needs a floating-point dtype");
   deadline_ = deadline_after(timeout);
   const size_t es = shm_dtype_size(dtype);
   const size_t maxStep = half_bytes() / es;
+  // Small messages: one synchronization per step, every rank reducing the
+  // whole step in rank order (so all ranks still hold identical bits).
+  const bool oneShot = count * es <= std::min(kOneShotBytes, half_bytes());
   char* base = static_cast<char*>(data);
   std::vector<const void*> srcs(size_);
   for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, count - a);
-    const size_t per = portion(c, size_, es);
+    const size_t per = oneShot ? c : portion(c, size_, es);
+    const int me = oneShot ? 0 : rank_;  // the portion this rank reduces
     auto lo = [&](int r) { return std::min(c, per * static_cast<size_t>(r)); };
     auto hi = [&](int r) { return std::min(c, per * static_cast<size_t>(r + 1)); };
     char* chunk = base + a * es;
     const int h = begin_step(what);
     char* mine = slot(rank_, h);
-    // Peers reduce the other portions: hand them ours.
-    std::memcpy(mine, chunk, lo(rank_) * es);
-    std::memcpy(mine + hi(rank_) * es, chunk + hi(rank_) * es, (c - hi(rank_)) * es);
+    if (oneShot) {
+      std::memcpy(mine, chunk, c * es);
+    } else {  // peers reduce the other portions: hand them ours
+      std::memcpy(mine, chunk, lo(me) * es);
+      std::memcpy(mine + hi(me) * es, chunk + hi(me) * es, (c - hi(me)) * es);
+    }
+    if (a == 0) publish(check, h);
     arrive();
     wait_peers(2 * (step_ - 1) + 1, what);
-    for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(rank_) * es : slot(r, h) + lo(rank_) * es;
-    reduce(dtype, op, srcs.data(), size_, chunk + lo(rank_) * es, mine + lo(rank_) * es, hi(rank_) - lo(rank_));
+    if (a == 0) verify(check, h);
+    for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
+    reduce(dtype, op, srcs.data(), size_, chunk + lo(me) * es, oneShot ? nullptr : mine + lo(me) * es,
+           hi(me) - lo(me));
     arrive();
-    wait_peers(2 * (step_ - 1) + 2, what);
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) std::memcpy(chunk + lo(r) * es, slot(r, h) + lo(r) * es, (hi(r) - lo(r)) * es);
+    if (!oneShot) {
+      wait_peers(2 * (step_ - 1) + 2, what);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) std::memcpy(chunk + lo(r) * es, slot(r, h) + lo(r) * es, (hi(r) - lo(r)) * es);
+      }
     }
     if (count == 0) break;
   }
 }
 
 void ShmCollectives::reduce_scatter(const void* input, void* output, size_t count, ShmDtype dtype, ShmReduceOp op,
-                                    std::chrono::milliseconds timeout) {
+                                    std::chrono::milliseconds timeout, const ShmCheck* check) {
   constexpr const char* what = "shared-memory reduce_scatter";
   check_usable(what);
   if (!shm_supports(dtype, op)) throw Error("shared-memory reduce_scatter: AVG needs a floating-point dtype");
@@ -490,8 +520,10 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) std::memcpy(mine + r * maxStep * es, in + (r * count + a) * es, c * es);
     }
+    if (a == 0) publish(check, h);
     arrive();
     wait_peers(2 * (step_ - 1) + 1, what);
+    if (a == 0) verify(check, h);
     for (int r = 0; r < size_; ++r) {
       srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
     }
@@ -502,7 +534,7 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
 }
 
 void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t bytes,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout, const ShmCheck* check) {
   constexpr const char* what = "shared-memory all_gather";
   check_usable(what);
   deadline_ = deadline_after(timeout);
@@ -512,9 +544,12 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
     const size_t c = std::min(maxStep, bytes - a);
     const int h = begin_step(what);
     std::memcpy(slot(rank_, h), in + a, c);
-    if (outputs[rank_] != input) std::memcpy(static_cast<char*>(outputs[rank_]) + a, in + a, c);
+    if (a == 0) publish(check, h);
     arrive();
     wait_peers(2 * (step_ - 1) + 1, what);
+    if (a == 0) verify(check, h);
+    // Our own block while the peers' copies arrive (after the check).
+    if (outputs[rank_] != input) std::memcpy(static_cast<char*>(outputs[rank_]) + a, in + a, c);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) std::memcpy(static_cast<char*>(outputs[r]) + a, slot(r, h), c);
     }
@@ -523,16 +558,15 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
   }
 }
 
-void ShmCollectives::exchange(const int64_t* mine, size_t count, int64_t* all, std::chrono::milliseconds timeout) {
-  constexpr const char* what = "shared-memory exchange";
-  if (count > kExchangeWords) throw Error("shared-memory exchange: too many words");
+void ShmCollectives::exchange(const ShmCheck& check, std::chrono::milliseconds timeout) {
+  constexpr const char* what = "shared-memory argument check";
   check_usable(what);
   deadline_ = deadline_after(timeout);
   const int h = begin_step(what);
-  std::memcpy(words(rank_, h), mine, count * sizeof(int64_t));
+  publish(&check, h);
   arrive();
   wait_peers(2 * (step_ - 1) + 1, what);
-  for (int r = 0; r < size_; ++r) std::memcpy(all + r * count, words(r, h), count * sizeof(int64_t));
+  verify(&check, h);
   arrive();
 }
 

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,10 +50,24 @@ class ShmError : public Error {
   Kind kind;
 };
 
+// Metadata the ranks compare before a collective moves data (op, dtype,
+// sizes): published with the first step, so checking costs no extra round
+// trip. `verify` sees every rank's words (size() x count) and throws to fail
+// the collective; every rank runs it on the same words, so all of them fail
+// together and the group stays usable.
+struct ShmCheck {
+  const int64_t* words = nullptr;
+  size_t count = 0;
+  std::function<void(const int64_t* all)> verify;
+};
+
 class ShmCollectives {
  public:
   // Bytes of each rank's data slot (two halves); a step moves at most half.
-  static constexpr size_t kDefaultSlotBytes = size_t{1} << 21;
+  static constexpr size_t kDefaultSlotBytes = size_t{8} << 20;
+  // all_reduce steps up to this size reduce everything on every rank (one
+  // synchronization per step) instead of a portion each (two).
+  static constexpr size_t kOneShotBytes = size_t{256} << 10;
   // int64 words each rank can publish per exchange() (per half).
   static constexpr size_t kExchangeWords = 240;
 
@@ -75,17 +90,20 @@ class ShmCollectives {
 
   // In place on `count` contiguous elements. All ranks end with identical
   // bits: each element is reduced by one rank, in rank order.
-  void all_reduce(void* data, size_t count, ShmDtype dtype, ShmReduceOp op, std::chrono::milliseconds timeout);
+  void all_reduce(void* data, size_t count, ShmDtype dtype, ShmReduceOp op, std::chrono::milliseconds timeout,
+                  const ShmCheck* check = nullptr);
   // `input` holds size() blocks of `count` elements; rank r's `output`
   // (count elements) receives the reduction of block r over all ranks.
   void reduce_scatter(const void* input, void* output, size_t count, ShmDtype dtype, ShmReduceOp op,
-                      std::chrono::milliseconds timeout);
+                      std::chrono::milliseconds timeout, const ShmCheck* check = nullptr);
   // outputs[r] (size() pointers) receives rank r's `bytes` of input. An
   // output that is the input itself (in-place all_gather) is not copied.
-  void all_gather(const void* input, void* const* outputs, size_t bytes, std::chrono::milliseconds timeout);
-  // A small all_gather of metadata: `all` (size() x words) receives every
-  // rank's `mine`. words <= kExchangeWords.
-  void exchange(const int64_t* mine, size_t words, int64_t* all, std::chrono::milliseconds timeout);
+  void all_gather(const void* input, void* const* outputs, size_t bytes, std::chrono::milliseconds timeout,
+                  const ShmCheck* check = nullptr);
+  // A step that only checks (see ShmCheck): what a rank whose collective
+  // takes another transport runs, so it still meets the others' first step.
+  // count <= kExchangeWords.
+  void exchange(const ShmCheck& check, std::chrono::milliseconds timeout);
 
   // Fails this rank's waits at once (also from another thread) and tells the
   // peers, whose waits on this rank fail too. The group is unusable after.
@@ -104,6 +122,9 @@ class ShmCollectives {
   // One step: returns the half to fill, after the peers finished reading it.
   int begin_step(const char* what);
   void arrive();
+  // After the first step's first arrival: publish/compare the check words.
+  void publish(const ShmCheck* check, int half);
+  void verify(const ShmCheck* check, int half);
   void wait_peers(uint32_t target, const char* what);
   void wait_peer(int peer, uint32_t target, const char* what);
   void check_usable(const char* what) const;

@@ -109,6 +109,13 @@ TEST_P(ShmAllReduce, Float32Int32BFloat16MatchAReference) {
       bf[i] = to_bf16(value(r, i));
     }
     g.all_reduce(f.data(), count, ShmDtype::Float32, op, 10s);
+    // A message within one half takes the one-shot path.
+    std::vector<float> small(1000);
+    for (size_t i = 0; i < small.size(); ++i) small[i] = value(r, i);
+    g.all_reduce(small.data(), small.size(), ShmDtype::Float32, op, 10s);
+    for (size_t i = 0; i < small.size(); ++i) {
+      if (small[i] != expected(op, n, i)) return 4;
+    }
     g.all_reduce(bf.data(), count, ShmDtype::BFloat16, op, 10s);
     if (op != ShmReduceOp::Avg) g.all_reduce(i32.data(), count, ShmDtype::Int32, op, 10s);
     for (size_t i = 0; i < count; ++i) {
@@ -159,15 +166,50 @@ TEST(ShmCollectives, ReduceScatterAndAllGather) {
           if (inplace[b * count + i] != b * 100000 + static_cast<int64_t>(i)) return 3;
         }
       }
-      int64_t words[3] = {r, 7, -r}, all[9] = {};
-      g.exchange(words, 3, all, 10s);
+      int64_t words[3] = {r, 7, -r};
+      std::vector<int64_t> seen;
+      neuronrt::ShmCheck check{words, 3, [&](const int64_t* all) { seen.assign(all, all + 3 * n); }};
+      g.exchange(check, 10s);
       for (int b = 0; b < n; ++b) {
-        if (all[3 * b] != b || all[3 * b + 1] != 7 || all[3 * b + 2] != -b) return 4;
+        if (seen[3 * b] != b || seen[3 * b + 1] != 7 || seen[3 * b + 2] != -b) return 4;
       }
       return 0;
     });
     expect_all_zero(codes);
   }
+}
+
+TEST(ShmCollectives, FailedCheckFailsEveryRankAndKeepsTheGroupUsable) {
+  // Rank 0 all_reduces 16 elements, rank 1 only checks (its collective took
+  // another transport) with a different word: both fail in the same step,
+  // nothing is reduced, and the next collective works.
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    const int r = g.rank();
+    int64_t word = 10 + r;
+    auto verify = [](const int64_t* all) {
+      if (all[0] != all[1]) throw std::runtime_error("mismatch");
+    };
+    neuronrt::ShmCheck check{&word, 1, verify};
+    std::vector<float> v(16, 1.0f + r);
+    try {
+      if (r == 0) {
+        g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s, &check);
+      } else {
+        g.exchange(check, 10s);
+      }
+      return 1;
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()) != "mismatch") return 2;
+    }
+    if (v[0] != 1.0f + r) return 3;  // untouched
+    word = 42;  // now they agree
+    g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s, &check);
+    for (float x : v) {
+      if (x != 3.0f) return 4;
+    }
+    return 0;
+  });
+  expect_all_zero(codes);
 }
 
 TEST(ShmCollectives, ManyBackToBackCollectivesStayInStep) {
@@ -242,12 +284,16 @@ TEST(ShmCollectives, AbortReleasesAWaiterAndTellsThePeers) {
     g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);  // both are up
     if (g.rank() == 1) {
       std::this_thread::sleep_for(1s);  // rank 0 waits for us meanwhile, then aborts
+      // Rank 0 published its data for the next step before it aborted, so a
+      // one-shot all_reduce may still complete (with correct values); the
+      // collective after it cannot, and fails at once instead of timing out.
       const auto start = std::chrono::steady_clock::now();
       try {
         g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
+        g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
         return 1;
       } catch (const ShmError& e) {
-        if (e.kind != ShmError::Kind::PeerGone) return 2;  // rank 0 aborted: fails at once
+        if (e.kind != ShmError::Kind::PeerGone) return 2;
       }
       return std::chrono::steady_clock::now() - start < 2s ? 0 : 3;
     }
