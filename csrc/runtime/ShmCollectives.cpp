@@ -397,10 +397,10 @@ void ShmCollectives::wait_peer(int peer, uint32_t target, const char* what) {
   Control& c = control(peer);
   if (reached(c.seq.load(std::memory_order_acquire), target)) return;
   const auto start = std::chrono::steady_clock::now();
-  // Spin briefly (the peer is usually a few microseconds behind), then yield,
-  // then sleep on the peer's sequence word: the machine may have fewer cores
-  // than ranks.
-  for (int i = 0; i < 4096; ++i) {
+  // Spin briefly (~10 µs: the peer is usually a few microseconds behind),
+  // then yield, then sleep on the peer's sequence word: the machine may have
+  // fewer cores than ranks, and a long spin would take the peer's core.
+  for (int i = 0; i < 512; ++i) {
     cpu_relax();
     if (reached(c.seq.load(std::memory_order_acquire), target)) return;
   }
