@@ -131,10 +131,16 @@ TEST_P(ShmAllReduce, Float32Int32BFloat16MatchAReference) {
   expect_all_zero(codes);
 }
 
+std::string case_name(const ::testing::TestParamInfo<std::tuple<int, ShmReduceOp>>& info) {
+  static const char* const names[] = {"Sum", "Avg", "Min", "Max", "Product"};
+  return "World" + std::to_string(std::get<0>(info.param)) + "_" + names[static_cast<int>(std::get<1>(info.param))];
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, ShmAllReduce,
                          ::testing::Combine(::testing::Values(2, 3),
                                             ::testing::Values(ShmReduceOp::Sum, ShmReduceOp::Avg, ShmReduceOp::Min,
-                                                              ShmReduceOp::Max, ShmReduceOp::Product)));
+                                                              ShmReduceOp::Max, ShmReduceOp::Product)),
+                         case_name);
 
 TEST(ShmCollectives, ReduceScatterAndAllGather) {
   for (int n : {2, 3}) {
