@@ -51,7 +51,9 @@ def _create_backend(backend_opts, pg_options):
     # The transport rendezvous under its own prefix of the group's store.
     store = dist.PrefixStore("neuron/gloo/", backend_opts.store)
     transport = dist.ProcessGroupGloo(store, backend_opts.group_rank, backend_opts.group_size, timeout)
-    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options)
+    # The store also carries the intra-node shared-memory rendezvous (C++).
+    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options,
+                              store=backend_opts.store)
 
 
 def _register():
