@@ -202,3 +202,52 @@ def _per_row(x):
 def test_native_per_row_statistics(dtype, monkeypatch):
     x = torch.randn(100, 8).abs().to(dtype)
     _both(_per_row, x, monkeypatch=monkeypatch)
+
+
+def test_native_program_is_one_launch_on_the_current_stream(tmp_path, monkeypatch):
+    # The runtime executor runs the whole program as one kernel, named after
+    # the NKI kernel, on the stream that is current at the call.
+    import json
+    from torch.profiler import ProfilerActivity, profile
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    x, w = torch.randn(256, 64, device="neuron"), torch.randn(1, 64, device="neuron")
+    K.rmsnorm_wide(x, w, 1e-6)  # lowered outside the profile
+    side = torch.neuron.Stream()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        with torch.neuron.stream(side):
+            out = K.rmsnorm_wide(x, w, 1e-6)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    kernels = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert [(e["name"], e["tid"]) for e in kernels] == [("nki::rmsnorm_wide", side.stream_id)]
+    assert_same(out, _rmsnorm_ref(x.cpu(), w.cpu(), 1e-6), atol=1e-5, rtol=1e-5)
+
+
+def test_malformed_record_table_raises():
+    # The runtime checks a table before it can run: a view past its buffer,
+    # an unknown opcode and a wrong bound tensor are Python errors.
+    from torch_neuronx import _C
+    rec = [0] * _native.RECORD
+    rec[0] = _native.OP_TS
+    rec[3:9] = [0, 0, -1, -1, 0, -1]
+    for k, (off, shape, strides) in enumerate([(1, (8, 4), (4, 1)), (0, (8, 4), (4, 1))]):
+        v = _native.HEADER + k * _native.VIEW_WORDS
+        rec[v:v + 3] = [1 - k, 2, off]
+        rec[v + 3:v + 3 + _native.MAX_DIMS] = list(shape) + [1] * (_native.MAX_DIMS - 2)
+        rec[v + 3 + _native.MAX_DIMS:v + _native.VIEW_WORDS] = list(strides) + [0] * (_native.MAX_DIMS - 2)
+    imms = torch.zeros(2, dtype=torch.float64)
+    bufs = [(0, 32, -1), (0, 32, -1)]
+    with pytest.raises(RuntimeError, match=r"record 0: view 0 spans elements \[1, 32\] of buffer 1 of 32"):
+        _C._NkiProgram(torch.tensor(rec), imms, bufs, 0, "bad")
+    rec[_native.HEADER + 2] = 0
+    prog = _C._NkiProgram(torch.tensor(rec), imms, bufs, 0, "ok")
+    a, out = torch.randn(32), torch.empty(32)
+    prog.run([a, out], 2)
+    assert torch.equal(out, a)
+    with pytest.raises(RuntimeError, match="bound buffer 1 must be a contiguous Float tensor of 32 elements"):
+        prog.run([a, torch.empty(31)], 1)
+    with pytest.raises(RuntimeError, match="expected 2 bound tensors"):
+        prog.run([a], 1)
+    rec[0] = 42
+    with pytest.raises(RuntimeError, match="unknown opcode 42"):
+        _C._NkiProgram(torch.tensor(rec), imms, bufs, 0, "bad")
