@@ -446,6 +446,7 @@ class NativeProgram:
                 buffers.append((_DTYPES[low.dtypes[sid]], st.numel, self.offsets[sid]))
             else:  # unused, or replaced by the tensor it was loaded from
                 buffers.append((0, 0, 0))
+        self.prog_imms, self.prog_buffers = imms, buffers
         self.prog = _layout()._NkiProgram(self.words, imms, buffers, self.arena_bytes,
                                           getattr(program, "name", "kernel"))
 

@@ -44,7 +44,8 @@ def _rmsnorm_ref(x, w, eps):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,hidden", [(512, 2048), (300, 1000), (5, 13)])
+# (2100, 2048): outputs of 8 MiB and more are stored with streaming stores.
+@pytest.mark.parametrize("rows,hidden", [(512, 2048), (300, 1000), (5, 13), (2100, 2048)])
 def test_rmsnorm_native_matches_interpreter(dtype, rows, hidden, monkeypatch):
     x = torch.randn(rows, hidden).to(dtype).to("neuron")
     w = torch.randn(1, hidden).to(dtype).to("neuron")
@@ -53,10 +54,11 @@ def test_rmsnorm_native_matches_interpreter(dtype, rows, hidden, monkeypatch):
     assert_same(out.float(), _rmsnorm_ref(x.cpu(), w.cpu(), 1e-6), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pool_native_matches_interpreter(dtype, monkeypatch):
-    x = torch.randn(3, 64, 30, 30).to(dtype).to("neuron")
-    b = torch.randn(64, 1).to(dtype).to("neuron")
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (3, 64, 30, 30)), (torch.bfloat16, (3, 64, 30, 30)),
+                                         (torch.float32, (24, 128, 56, 56))])  # a streamed 9.6 MB output
+def test_pool_native_matches_interpreter(dtype, shape, monkeypatch):
+    x = torch.randn(*shape).to(dtype).to("neuron")
+    b = torch.randn(shape[1], 1).to(dtype).to("neuron")
     out = _both(K.avgpool_bias_relu, x, b, monkeypatch=monkeypatch)
     ref = torch.relu(torch.nn.functional.avg_pool2d(x.cpu().float(), 2) + b.cpu().float().view(1, -1, 1, 1))
     tol = 1e-5 if dtype == torch.float32 else 2e-2

@@ -83,7 +83,7 @@ void register_nki(py::module& m) {
       .def_property_readonly("max_free", &nk::Program::max_free)
       .def_property_readonly("bound", &nk::Program::bound);
   m.attr("_nki_layout") = py::make_tuple(nk::kMaxDims, nk::kMaxViews, nk::kHeader, nk::kRecord);
-  m.def("_nki_uses_avx2", &nk::uses_avx2);
+  m.def("_nki_kernel_isa", &nk::kernel_isa);
 }
 
 }  // namespace torch_neuronx

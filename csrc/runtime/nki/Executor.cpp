@@ -14,6 +14,9 @@
 #include <thread>
 
 #include "Kernels.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include "csrc/runtime/Error.h"
 
 namespace neuronrt::nki {
@@ -26,6 +29,9 @@ using detail::Scratch;
 RunRecord pick_kernels() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c"))
+    return detail::avx512::run_record;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return detail::avx2::run_record;
 #endif
   return detail::generic::run_record;
@@ -129,7 +135,24 @@ const char* intern(const std::string& name) {
 // partitions for every record, so partition-local records need no
 // synchronisation; the lowering marks where a barrier is needed
 // (kBarrierWord) and which records one thread runs whole (kWholeWord).
-void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync) {
+void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
+  // Streaming stores are weakly ordered: fence them before other threads
+  // (or, at the end, the launch's consumers) may read what they wrote.
+  struct Sync {
+    std::barrier<>* b;
+    void arrive_and_wait() {
+      fence();
+      b->arrive_and_wait();
+    }
+    static void fence() {
+#if defined(__x86_64__)
+      _mm_sfence();
+#endif
+    }
+  } sync_obj{sync_}, *sync = sync_ ? &sync_obj : nullptr;
+  struct Fence {
+    ~Fence() { Sync::fence(); }
+  } end_fence;
   const Program& prog = *c.program;
   const int64_t lo = kPartitions * t / nt, hi = kPartitions * (t + 1) / nt;
   Scratch sc;
@@ -166,7 +189,9 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync) {
 
 }  // namespace
 
-bool uses_avx2() noexcept { return run_record != detail::generic::run_record; }
+const char* kernel_isa() noexcept {
+  return run_record == detail::avx512::run_record ? "avx512" : run_record == detail::avx2::run_record ? "avx2" : "generic";
+}
 
 void execute(const Program& program, const std::vector<void*>& bound, int threads) {
   const auto& ids = program.bound();

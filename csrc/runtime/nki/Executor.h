@@ -19,9 +19,9 @@ namespace neuronrt::nki {
 // HBM tensors). Throws Error when `bound` does not match the program.
 void execute(const Program& program, const std::vector<void*>& bound, int threads);
 
-// Whether the row kernels built for AVX2 run on this CPU (else the baseline
-// build does; both give the same results).
-bool uses_avx2() noexcept;
+// Which build of the row kernels runs on this CPU: "avx512", "avx2" or
+// "generic" (all give the same results).
+const char* kernel_isa() noexcept;
 
 // One launch of a program: a runtime Kernel, so it runs in stream order
 // with device memory mapped (protect mode) like any other kernel. It owns

@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "Program.h"
 
@@ -42,6 +46,9 @@ namespace generic {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
 }
 namespace avx2 {
+void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
+}
+namespace avx512 {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
 }
 

@@ -67,6 +67,7 @@ Program::Program(std::vector<int64_t> words, std::vector<double> imms, std::vect
     if (buf.dtype < 0 || buf.dtype >= kNumDTypes) throw Error(what + " has unknown dtype code " + std::to_string(buf.dtype));
     if (buf.numel < 0) throw Error(what + " has a negative size");
     dtypes_.push_back(buf.dtype);
+    streamed_.push_back(buf.arena_offset < 0 && buf.numel * itemsize(buf.dtype) >= kStreamBytes);
     if (buf.arena_offset < 0) {
       bound_.push_back(int64_t(b));
     } else if (buf.arena_offset % itemsize(buf.dtype) != 0 ||

@@ -23,6 +23,7 @@ constexpr int kHeader = 16;
 constexpr int kViewWords = 3 + 2 * kMaxDims;  // buffer, ndim, offset, shape[8], stride[8]
 constexpr int kRecord = kHeader + kMaxViews * kViewWords;
 constexpr int kPartitions = 128;
+constexpr int64_t kStreamBytes = int64_t(8) << 20;
 
 enum DType : int64_t { F32 = 0, BF16 = 1, kNumDTypes };
 
@@ -85,6 +86,9 @@ class Program {
   const View& view(int64_t i, int64_t slot) const { return views_[i * kMaxViews + slot]; }
   const std::vector<Buffer>& buffers() const { return buffers_; }
   const int64_t* dtypes() const { return dtypes_.data(); }
+  // Rows stored into this buffer use streaming stores: a bound (HBM) buffer
+  // of at least kStreamBytes, which the caches could not hold anyway.
+  bool streamed(int64_t buf) const { return streamed_[buf]; }
   // Buffer ids bound at launch, in increasing order.
   const std::vector<int64_t>& bound() const { return bound_; }
   int64_t arena_bytes() const { return arena_bytes_; }
@@ -99,6 +103,7 @@ class Program {
   std::vector<Buffer> buffers_;
   std::vector<View> views_;
   std::vector<int64_t> dtypes_;  // per buffer
+  std::vector<bool> streamed_;   // per buffer
   std::vector<int64_t> bound_;
   int64_t ninstr_ = 0;
   int64_t arena_bytes_ = 0;
