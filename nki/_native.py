@@ -24,6 +24,8 @@ import math
 import os
 import platform
 
+import numpy as np
+
 import torch
 
 from . import _dtypes
@@ -33,12 +35,19 @@ from ._tensor import NkiTensor, _contiguous_strides
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
-OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED = range(7)
+OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM = range(9)
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
                                       "not_equal", "greater", "greater_equal", "less", "less_equal"])}
-_FN = {"copy": 0, "identity": 0, "square": 1, "relu": 2, "rsqrt": 3, "sqrt": 4, "reciprocal": 5, "abs": 6,
-       "negative": 7}
+# Activation functions (csrc/runtime/nki/Program.h). EXACT_FN are bit-identical
+# to the interpreter; the others use libm (sqrt: correctly rounded, which torch's
+# vectorised sqrt is not always) and agree within a few ulp (docs/nki.md).
+_FN_NAMES = ["copy", "square", "relu", "rsqrt", "sqrt", "reciprocal", "abs", "negative", "ceil", "floor", "trunc",
+             "exp", "log", "tanh", "sigmoid", "silu", "gelu", "gelu_apprx_tanh", "softplus", "mish", "erf", "sin",
+             "cos", "tan", "arctan"]
+_FN = {n: i for i, n in enumerate(_FN_NAMES)}
+_FN["identity"] = 0
+EXACT_FN = (set(_FN_NAMES[:11]) | {"identity"}) - {"sqrt"}
 _CMD = {"idle": 0, "reduce": 2, "reset_reduce": 3, "reset": 4}
 _ENGINE = {"vector": 0, "scalar": 1}
 _ALIGN = 64
@@ -91,6 +100,7 @@ class _Lowering:
             self.dtypes[st.id] = dtype
         self.words, self.imms = [], []
         self.access = []  # per record: (written views, read views)
+        self.psum = {}  # PSUM storage id -> which elements were written
 
     def view(self, v):
         if v.ndim > MAX_DIMS or v.ndim == 0:
@@ -135,8 +145,31 @@ def _operand(low, x, views):
     return -1, float(torch.tensor(float(x), dtype=torch.float32))
 
 
+def _elements(v):
+    """Flat element indices of a view (numpy), to track PSUM writes."""
+    base = np.arange(v.storage.numel, dtype=np.int64)
+    return np.lib.stride_tricks.as_strided(base[v.offset:], v.shape, [s * 8 for s in v.strides]).reshape(-1)
+
+
+def _lower_matmul(low, a):
+    dst, st, mv = a["dst"], a["stationary"], a["moving"]
+    add = a["accumulate"]
+    if add is None:
+        # The first write to a PSUM element since its allocation overwrites,
+        # later ones add: decided here, per instruction, from the trace.
+        written = low.psum.get(dst.storage.id)
+        hit = written[_elements(dst)] if written is not None else np.zeros(1, bool)
+        if hit.all() != hit.any():
+            raise Unsupported("a matmul into a partly written PSUM tile")
+        add = bool(hit.all())
+    low.emit(OP_MM, [dst, st, mv], [0, 0, int(add)])
+    return dst, [st, mv]
+
+
 def _lower_instr(low, ins, ir, dead):
     kind, a = ir
+    if kind == "matmul":
+        return _lower_matmul(low, a)
     if kind == "copy":
         dst, src = a["dst"], a["src"]
         low.emit(OP_COPY, [dst, src])
@@ -388,6 +421,10 @@ class NativeProgram:
             d = ir[1]["dst"].storage.id
             dead = d not in bound and last[d] == i
             _lower_instr(low, ins, ir, dead)
+            for v in low.access[-1][0]:
+                if v.storage.buffer.name == "psum":
+                    m = low.psum.setdefault(v.storage.id, np.zeros(v.storage.numel, bool))
+                    m[_elements(v)] = True
         # Outputs every element of which the kernel writes need no NaN fill first.
         spans = {}
         for outs, _ins in low.access:
@@ -487,6 +524,8 @@ def _schedule(low):
         rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
         if w[0] == OP_COPY:
             rowwise = rowwise and outs[0].storage.id != ins[0].storage.id
+        elif w[0] == OP_MM:
+            rowwise = False  # reads every partition of its inputs
         elif w[0] == OP_FILL:
             rowwise = outs[0].storage.buffer.on_chip
         if not rowwise:
@@ -512,6 +551,8 @@ def _peek(ins):
     kind, a = ins.ir
     if kind in ("copy",):
         return a["dst"], [a["src"]]
+    if kind == "matmul":  # an accumulating matmul reads its destination
+        return a["dst"], [a["stationary"], a["moving"]] + ([a["dst"]] if a["accumulate"] is not False else [])
     srcs = [v for k, v in a.items() if k != "dst" and _is_tensor(v)]
     return a["dst"], srcs
 

@@ -152,15 +152,16 @@ def test_native_precise_fp_off(monkeypatch):
 
 
 def test_native_uncovered_kernel(monkeypatch):
-    # softmax_rows uses exp, which the native executor does not implement.
-    x = torch.randn(130, 64).to("neuron")
+    # Integer tiles are not covered by the native executor.
+    a = torch.randint(-100, 100, (128, 512), dtype=torch.int32).to("neuron")
+    b = torch.randint(-100, 100, (128, 512), dtype=torch.int32).to("neuron")
     monkeypatch.setenv("NKI_EXECUTOR", "native")
-    with pytest.raises(nki.NKIError, match="native executor does not cover.*exp"):
-        K.softmax_rows(x)
-    ref = _run("interpreter", K.softmax_rows, x, monkeypatch=monkeypatch)
-    auto = _run("auto", K.softmax_rows, x, monkeypatch=monkeypatch)  # falls back to the interpreter
+    with pytest.raises(nki.NKIError, match="native executor does not cover.*int32"):
+        K.tensor_add(a, b)
+    ref = _run("interpreter", K.tensor_add, a, b, monkeypatch=monkeypatch)
+    auto = _run("auto", K.tensor_add, a, b, monkeypatch=monkeypatch)  # falls back to the interpreter
     _identical(auto, ref)
-    assert_same(auto, torch.softmax(x.cpu(), dim=1), atol=1e-6, rtol=1e-5)
+    assert_same(auto, a.cpu() + b.cpu())
 
 
 def test_executor_env_checked(monkeypatch):
@@ -253,3 +254,99 @@ def test_malformed_record_table_raises():
     rec[0] = 42
     with pytest.raises(RuntimeError, match="unknown opcode 42"):
         _C._NkiProgram(torch.tensor(rec), imms, bufs, 0, "bad")
+
+
+def _close(out, ref, rtol, atol):
+    """Native transcendentals and matmuls against the interpreter: NaNs in
+    the same places, values within the documented tolerance."""
+    out, ref = out.cpu().float(), ref.cpu().float()
+    assert torch.equal(out.isnan(), ref.isnan())
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_matmul(dtype, monkeypatch):
+    # One nc_matmul, K tiles accumulated in PSUM (accumulate=None: the first
+    # write overwrites), and the ones-column broadcast of rmsnorm (K = 1: exact).
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 64, generator=g).to(dtype), torch.randn(128, 512, generator=g).to(dtype)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = K.matmul_basic(a.to("neuron"), b.to("neuron"))
+    ref = _run("interpreter", K.matmul_basic, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # fp32 sums in another order (bf16: the output rounding)
+    _close(out, ref, rtol=tol, atol=tol)
+    assert_same(out.float(), a.float().t() @ b.float(), atol=10 * tol, rtol=10 * tol)
+    a, b = torch.randn(256, 128, generator=g), torch.randn(256, 1024, generator=g)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = K.matmul_tiled(a.to("neuron"), b.to("neuron"))
+    ref = _run("interpreter", K.matmul_tiled, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
+    _close(out, ref, rtol=1e-5, atol=1e-4)
+    x, w = torch.randn(200, 96, generator=g).to(dtype), torch.randn(1, 96, generator=g).to(dtype)
+    _both(K.rmsnorm, x.to("neuron"), w.to("neuron"), 1e-6, monkeypatch=monkeypatch)
+
+
+@nki.jit
+def _psum_accumulate(a, b):
+    """Overwrite, then add, then a forced overwrite and a forced add."""
+    K, M = a.shape
+    out = nl.ndarray((3, M, b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    ta = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    tb = nl.ndarray(b.shape, dtype=b.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ta, src=a)
+    nisa.dma_copy(dst=tb, src=b)
+    acc = nl.ndarray((M, b.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    res = nl.ndarray((M, b.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_matmul(acc, ta, tb)
+    nisa.nc_matmul(acc, ta, tb)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out[0], src=res)
+    nisa.nc_matmul(acc, ta, tb, accumulate=False)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out[1], src=res)
+    fresh = nl.ndarray((M, b.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(fresh, ta, tb, accumulate=True)  # onto the NaN sentinel
+    nisa.tensor_copy(dst=res, src=fresh)
+    nisa.dma_copy(dst=out[2], src=res)
+    return out
+
+
+def test_native_psum_accumulate(monkeypatch):
+    a, b = torch.randn(32, 16).to("neuron"), torch.randn(32, 48).to("neuron")
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = _psum_accumulate(a, b)
+    ref = _run("interpreter", _psum_accumulate, a, b, monkeypatch=monkeypatch)
+    _close(out, ref, rtol=1e-5, atol=1e-5)
+    a, b = a.cpu(), b.cpu()
+    assert_same(out[0], 2 * (a.t() @ b), atol=1e-4, rtol=1e-4)
+    assert_same(out[1], a.t() @ b, atol=1e-4, rtol=1e-4)
+    assert out[2].cpu().isnan().all()
+
+
+@nki.jit
+def _activate(x, fn, scale, bias):
+    P, F = x.shape
+    out = nl.ndarray((P, F + 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    y = nl.ndarray((P, F + 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=y[:, :F], op=getattr(nl, fn), data=t, scale=scale, bias=bias, reduce_op=nl.add,
+                    reduce_res=y[:, F:], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+@pytest.mark.parametrize("fn", sorted(_native._FN))
+def test_native_activation_functions(fn, monkeypatch):
+    # Exact functions equal the interpreter bit for bit; the others (libm
+    # against torch's vectorised approximations) agree within 4e-6 relative
+    # or 2e-5 absolute (cancellation in GELU's tails; the row sums inherit it).
+    x = torch.linspace(-8, 8, 97 * 130).reshape(97, 130)
+    if fn in ("log",):
+        x = x.abs() + 1e-3
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = _activate(x, fn, 0.75, 0.25)
+    ref = _run("interpreter", _activate, x, fn, 0.75, 0.25, monkeypatch=monkeypatch)
+    if fn in _native.EXACT_FN:
+        _identical(out, ref)
+    else:
+        _close(out, ref, rtol=4e-6, atol=2e-5)

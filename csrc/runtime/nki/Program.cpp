@@ -39,7 +39,7 @@ int64_t free_numel(const View& v) {
 int fixed_views(int64_t opcode) {
   switch (opcode) {
     case OP_FILL: return 1;
-    case OP_TT: case OP_STT: return 3;
+    case OP_TT: case OP_STT: case OP_MM: return 3;
     case OP_NOP: return 0;
     default: return 2;
   }
@@ -121,6 +121,16 @@ void Program::check_record(int64_t i) const {
     return;
   }
   const View& data = view(i, 1);
+  if (opcode == OP_MM) {
+    const View& mv = view(i, 2);
+    const int64_t K = data.shape[0], M = free_numel(data);
+    if (!whole) fail("a matmul must run whole");
+    if (w[3] != 0 && w[3] != 1) fail("matmul accumulate flag is not 0 or 1");
+    if (K > kPartitions || M > kPartitions || mv.shape[0] != K || dst.shape[0] != M ||
+        free_numel(dst) != free_numel(mv))
+      fail("matmul shapes do not match: stationary [K, M], moving [K, N], dst [M, N] with K, M <= 128");
+    return;
+  }
   if (opcode == OP_COPY) {
     int64_t a = 1, b = 1;
     for (int d = 0; d < dst.ndim; ++d) a *= dst.shape[d];

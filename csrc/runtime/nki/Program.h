@@ -38,6 +38,7 @@ enum Opcode : int64_t {
   OP_ACT = 5,   // activation (+ accumulator registers)
   OP_TRED = 6,  // tensor_reduce over trailing free elements
   OP_NOP = 7,   // (profiling: a record switched off)
+  OP_MM = 8,    // nc_matmul: dst[M, N] (+)= stationary[K, M]^T @ moving[K, N], one thread
   kNumOpcodes
 };
 
@@ -47,7 +48,11 @@ enum Alu : int64_t {
 };
 
 enum Fn : int64_t {
-  F_COPY = 0, F_SQUARE, F_RELU, F_RSQRT, F_SQRT, F_RECIP, F_ABS, F_NEG, kNumFn
+  // Exact: bit-identical to torch (sqrt: correctly rounded; torch's vectorised sqrt can be 1 ulp off).
+  F_COPY = 0, F_SQUARE, F_RELU, F_RSQRT, F_SQRT, F_RECIP, F_ABS, F_NEG, F_CEIL, F_FLOOR, F_TRUNC,
+  // Transcendental: within a few ulp of torch (docs/nki.md).
+  F_EXP, F_LOG, F_TANH, F_SIGMOID, F_SILU, F_GELU, F_GELU_TANH, F_SOFTPLUS, F_MISH, F_ERF, F_SIN, F_COS, F_TAN,
+  F_ARCTAN, kNumFn
 };
 
 // Header words shared by every record (the rest depend on the opcode).
