@@ -411,8 +411,8 @@ class NativeProgram:
                 if sid in bound or sid in filled or sid in subst:
                     continue
                 filled.add(sid)
-                whole = dst is not None and dst.storage.id == sid and dst.is_contiguous() and dst.offset == 0 \
-                    and dst.size == t.storage.numel and all(s.storage.id != sid for s in srcs)
+                whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
+                    all(s.storage.id != sid for s in srcs)
                 if not whole:
                     st = t.storage
                     shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
@@ -483,7 +483,6 @@ class NativeProgram:
                 buffers.append((_DTYPES[low.dtypes[sid]], st.numel, self.offsets[sid]))
             else:  # unused, or replaced by the tensor it was loaded from
                 buffers.append((0, 0, 0))
-        self.prog_imms, self.prog_buffers = imms, buffers
         self.prog = _layout()._NkiProgram(self.words, imms, buffers, self.arena_bytes,
                                           getattr(program, "name", "kernel"))
 
@@ -553,7 +552,7 @@ def _peek(ins):
         return a["dst"], [a["src"]]
     if kind == "matmul":  # an accumulating matmul reads its destination
         return a["dst"], [a["stationary"], a["moving"]] + ([a["dst"]] if a["accumulate"] is not False else [])
-    srcs = [v for k, v in a.items() if k != "dst" and _is_tensor(v)]
+    srcs = [v for k, v in a.items() if k not in ("dst", "reduce_res") and _is_tensor(v)]  # reduce_res: written
     return a["dst"], srcs
 
 

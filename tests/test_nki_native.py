@@ -180,6 +180,7 @@ def test_native_elides_dma(monkeypatch):
     ops = nat.words.reshape(nat.ninstr, -1)[:, 0].tolist()
     assert _native.OP_COPY not in ops
     assert nat.covered  # the output is written whole: no NaN fill
+    assert _native.OP_FILL not in ops  # nor of the sums tile, written whole through reduce_res
 
 
 @nki.jit
