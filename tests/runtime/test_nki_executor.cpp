@@ -198,3 +198,39 @@ TEST(NkiExecutor, RejectsMalformedTables) {
   std::vector<float> a(P * F);
   EXPECT_THROW(nk::execute(ok, {a.data()}, 1), neuronrt::Error);  // one bound buffer of two
 }
+
+TEST(NkiExecutor, MatmulOverwritesThenAccumulates) {
+  // dst[M, N] = st[K, M]^T @ mv[K, N], then the same added (accumulate flag).
+  const int64_t K = 3, M = 2, N = 5;
+  Table t;
+  int64_t* w = t.add({nk::OP_MM, 0, 0, 0}, {rows(2, M, N), rows(0, K, M), rows(1, K, N)});
+  w[nk::kWholeWord] = 1;
+  w = t.add({nk::OP_MM, 0, 0, 1}, {rows(2, M, N), rows(0, K, M), rows(1, K, N)});
+  w[nk::kWholeWord] = 1;
+  std::vector<nk::Buffer> bufs = {{nk::F32, K * M, -1}, {nk::F32, K * N, -1}, {nk::F32, M * N, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 0, "mm");
+  auto st = input(K * M), mv = input(K * N + 3);
+  std::vector<float> out(M * N, 0.0f);
+  nk::execute(prog, {st.data(), mv.data() + 3, out.data()}, 2);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += st[k * M + m] * mv[3 + k * N + n];
+      EXPECT_EQ(out[m * N + n], acc + acc) << m << "," << n;
+    }
+  // Matmuls mix partitions: a partition-wise one is rejected.
+  t.words[nk::kWholeWord] = 0;
+  EXPECT_THROW(nk::Program(t.words, t.imms, bufs, 0, "mm"), neuronrt::Error);
+}
+
+TEST(NkiExecutor, TranscendentalActivation) {
+  // exp(x * 0.5 - 1) per element, as libm computes it.
+  const int64_t P = 9, F = 11;
+  Table t;
+  t.add({nk::OP_ACT, 0, 0, nk::F_EXP, 0, -1, -1, 0, -1, 1}, {rows(1, P, F), rows(0, P, F)}, 0.5, -1.0);
+  nk::Program prog(t.words, t.imms, {{nk::F32, P * F, -1}, {nk::F32, P * F, -1}}, 0, "exp");
+  auto x = input(P * F);
+  std::vector<float> out(P * F);
+  nk::execute(prog, {x.data(), out.data()}, 1);
+  for (int64_t i = 0; i < P * F; ++i) EXPECT_EQ(out[i], std::exp(x[i] * 0.5f + -1.0f)) << i;
+}
