@@ -40,8 +40,10 @@ RunRecord pick_kernels() {
 const RunRecord run_record = pick_kernels();
 
 // Worker threads for the partition ranges, created on first use and kept:
-// the calling thread is worker 0. One program runs at a time. A forked
-// child gets a fresh pool (the parent's threads do not exist there).
+// the calling thread is worker 0. One program runs at a time. Workers and
+// the caller spin briefly before they sleep (as OpenMP's threads do), so
+// back-to-back launches do not pay a wake-up each. A forked child gets a
+// fresh pool (the parent's threads do not exist there).
 class Pool {
  public:
   void run(int nt, const std::function<void(int)>& fn) {
@@ -50,36 +52,50 @@ class Pool {
       std::unique_lock<std::mutex> lock(mutex_);
       while (int(workers_.size()) < nt - 1) {
         const int index = int(workers_.size()) + 1;
-        workers_.emplace_back([this, index, seen = generation_] { work(index, seen); });
+        workers_.emplace_back([this, index, seen = generation_.load()] { work(index, seen); });
         workers_.back().detach();
       }
       job_ = &fn;
       nt_ = nt;
-      pending_ = nt - 1;
-      ++generation_;
+      pending_.store(nt - 1);
+      generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and nt_
     }
     wake_.notify_all();
     fn(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return pending_ == 0; });
+    if (!spin([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
     job_ = nullptr;
   }
 
  private:
+  template <typename Ready>
+  static bool spin(Ready ready) {
+    for (int i = 0; i < 20000; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+    }
+    return false;
+  }
+
   // `seen`: the generation before the worker's first job.
   void work(int index, uint64_t seen) {
     for (;;) {
-      const std::function<void(int)>* job;
-      {
+      auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+      if (!spin(fresh)) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        if (index >= nt_) continue;
-        job = job_;
+        wake_.wait(lock, fresh);
       }
-      (*job)(index);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+      seen = generation_.load(std::memory_order_acquire);
+      if (index >= nt_) continue;
+      (*job_)(index);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_.notify_one();
+      }
     }
   }
 
@@ -87,8 +103,9 @@ class Pool {
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
-  int nt_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
+  int nt_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
 };
 
 Pool& pool() {
