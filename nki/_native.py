@@ -453,7 +453,7 @@ class NativeProgram:
             for lst in (low.words, low.imms, low.access):
                 lst[:] = lst[-fills:] + lst[:-fills]
         _schedule(low)
-        # Records of one barrier-free stretch run row-interleaved (nki_run); a
+        # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a
         # loop's next iteration (a record writing an arena slot that another
         # storage used in this stretch) starts a new group (w[15]), so rows of
         # different iterations (a fixed stride apart in memory) do not compete
