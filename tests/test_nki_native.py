@@ -353,3 +353,31 @@ def test_native_activation_functions(fn, monkeypatch):
         _identical(out, ref)
     else:
         _close(out, ref, rtol=4e-6, atol=2e-5)
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2"])
+def test_native_kernel_builds_agree(isa):
+    # The executor's row kernels are built per instruction set and the widest
+    # the CPU runs is used; the others give the same bits (sum order, rounding).
+    from conftest import run_python
+    if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("no AVX2")
+    run_python("""
+        import os, sys, torch, torch_neuronx
+        from torch_neuronx import _C
+        sys.path.insert(0, %r)
+        import nki_kernels as K
+        import test_nki_native as T
+        assert _C._nki_kernel_isa() == %r
+        g = torch.Generator().manual_seed(0)
+        for dtype in (torch.float32, torch.bfloat16):
+            x = (torch.randn(300, 1000, generator=g) * 100).to(dtype)
+            w = torch.randn(1, 1000, generator=g).to(dtype)
+            y = torch.randn(2, 64, 30, 30, generator=g).to(dtype)
+            b = torch.randn(64, 1, generator=g).to(dtype)
+            for kernel, args in ((K.rmsnorm_wide, (x, w, 1e-6)), (T._row_sums, (x[:100].contiguous(),)), (K.avgpool_bias_relu, (y, b))):
+                os.environ["NKI_EXECUTOR"] = "native"
+                out = kernel(*args)
+                os.environ["NKI_EXECUTOR"] = "interpreter"
+                T._identical(out, kernel(*args))
+    """ % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})

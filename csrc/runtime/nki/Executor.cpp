@@ -26,7 +26,15 @@ using detail::Ctx;
 using detail::RunRecord;
 using detail::Scratch;
 
+// The widest build the CPU runs. NKI_KERNEL_ISA=generic|avx2|avx512 forces
+// one (tests compare the builds; an unsupported choice is an error there).
 RunRecord pick_kernels() {
+  if (const char* isa = std::getenv("NKI_KERNEL_ISA")) {
+    const std::string v = isa;
+    if (v == "generic") return detail::generic::run_record;
+    if (v == "avx2") return detail::avx2::run_record;
+    if (v == "avx512") return detail::avx512::run_record;
+  }
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
