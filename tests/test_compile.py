@@ -39,12 +39,13 @@ class ConvNet(torch.nn.Module):
         return self.fc(x.flatten(1))
 
 
+@pytest.mark.parametrize("backend", ["neuron", "inductor"])
 @pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune-no-cudagraphs"])
-def test_mlp_forward_backward_matches_eager(mode):
+def test_mlp_forward_backward_matches_eager(mode, backend):
     torch._dynamo.reset()
     cpu, dev = _pair(MLP)
     x = torch.randn(8, 16)
-    compiled = torch.compile(dev, backend="neuron", mode=mode)
+    compiled = torch.compile(dev, backend=backend, mode=mode)
     out = compiled(x.to(DEV))
     assert out.device.type == "neuron"
     ref = cpu(x)
