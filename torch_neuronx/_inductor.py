@@ -146,17 +146,20 @@ class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapp
 
 
 class NeuronCppWrapperCodegen(CppWrapperCpu):
-    """Not supported yet: the C++ wrapper (``cpp_wrapper=True``, AOTInductor)
-    calls aten fallbacks through per-device C shims (``aoti_torch_<device>_*``,
-    generated for cpu/cuda/xpu/mps only) and would call kernels outside a
-    runtime launch. Raises a clear error instead of compiling code that cannot
-    link or that touches device memory outside a launch."""
+    """``cpp_wrapper=True``: the graph's C++ wrapper runs as one launch on the
+    current neuron stream. Inside it, aten fallbacks use the CPU C shims
+    (``aoti_torch_cpu_*``: host kernels over the host-mappable device memory,
+    as the fused kernels are) and buffers are allocated on neuron.
+
+    AOTInductor is not supported yet: a packaged model runs outside Python,
+    so the launch would have to come from a neuron AOTI model runner."""
 
     def __init__(self):
-        raise NotImplementedError(
-            "torch.compile with cpp_wrapper=True and AOTInductor (aoti_compile_and_package) are not supported for "
-            "neuron tensors yet: Inductor's C++ wrapper needs a neuron C-shim library and a C launch entry "
-            "(docs/compile.md). Use the default Python wrapper (cpp_wrapper=False).")
+        if V.graph.aot_mode:
+            raise NotImplementedError(
+                "AOTInductor (aoti_compile_and_package) is not supported for neuron tensors yet: a packaged model "
+                "needs a neuron AOTI model runner that launches it on the runtime (docs/compile.md)")
+        super().__init__()
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
@@ -170,12 +173,40 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
     def get_device_include_path_aot(device: str) -> str:
         return CppWrapperCpu.get_device_include_path_aot("cpu" if device == "neuron" else device)
 
+    @staticmethod
+    def get_c_shim_func_name(kernel: str, device: str) -> str:
+        return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu" if device == "neuron" else device)
+
+    def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
+        super().generate_c_shim_extern_kernel_call(kernel, args, "cpu" if device == "neuron" else device, **kwargs)
+
     def generate_kernel_call(self, kernel_name, call_args, *, device=None, **kwargs):
         super().generate_kernel_call(kernel_name, call_args, device=_call_device(device), **kwargs)
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
         super()._generate_kernel_call_helper(kernel_name, call_args, device=_HOST if _is_neuron(device) else device,
                                              **kwargs)
+
+    def _generate_end_jit(self, result):
+        super()._generate_end_jit(result)
+        devices = [getattr(v, "get_device", lambda: None)() for v in V.graph.graph_inputs.values()]
+        index = next((d.index for d in devices if _is_neuron(d) and d.index is not None),
+                     torch.neuron.current_device())
+        result.splice(f"""
+            from torch_neuronx._inductor import launched as neuron_launched
+            call = neuron_launched(call, {index}, {V.graph.name!r})
+            """)
+
+
+def launched(call, device_index: int, name: str):
+    """The C++-wrapper entry of a graph as one launch on the current stream
+    of ``neuron:device_index``."""
+    from . import _C
+
+    def run(args):
+        return _C._launch(device_index, functools.partial(call, args), f"cpp_wrapper {name}")
+
+    return run
 
 
 class _CodegenVersion(CustomGraphModulePass):
@@ -214,8 +245,8 @@ def register() -> None:
 
 # What Inductor's init_backend_registration reads from ``torch.neuron`` (its
 # first lookup runs register()). CppWrapperCodegen is None on purpose: Inductor
-# then keeps register()'s registration, which includes the cache-key pass,
-# instead of re-registering the device without it.
+# then keeps register()'s registration (which has NeuronCppWrapperCodegen and
+# the cache-key pass) instead of re-registering the device without the pass.
 Scheduling = NeuronScheduling
 PythonWrapperCodegen = NeuronPythonWrapperCodegen
 CppWrapperCodegen = None
