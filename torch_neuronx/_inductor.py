@@ -2,13 +2,14 @@
 
 Registered through Inductor's device-backend API (``register_backend_for_device``,
 ``register_device_op_overrides``, the Dynamo ``DeviceInterface``), so every
-route into Inductor -- default ``torch.compile``, ``backend="neuron"``,
-``compile_fx`` callers, ``torch.export`` + AOTInductor -- lowers neuron graphs
-the same way: buffers are allocated on ``neuron``, aten fallbacks run as neuron
-ops, and fused kernels are Inductor's C++ (CppScheduling) code over the device
-memory, which the host runtime can map (``host_accessible``). Each C++ kernel
-runs as one runtime launch on the current neuron stream, so it touches device
-memory only inside a launch (``NEURON_RT_PROTECT=1``).
+route into Inductor -- default ``torch.compile``, ``backend="neuron"``, any
+``compile_fx`` caller, ``cpp_wrapper=True`` -- lowers neuron graphs the same
+way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
+fused kernels are Inductor's C++ (CppScheduling) code over the device memory,
+which the host runtime can map (``host_accessible``). Each C++ kernel runs as
+one runtime launch on the current neuron stream, so it touches device memory
+only inside a launch (``NEURON_RT_PROTECT=1``). AOTInductor is not supported
+yet (docs/compile.md).
 
 Inductor chooses C++-kernel semantics (dtype propagation, vector codegen) by
 the *current device* being ``cpu``, and treats every other device as a Triton
@@ -26,7 +27,8 @@ import torch
 from torch._inductor.codegen.common import DeviceOpOverrides, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
+from torch._inductor.codegen.wrapper import SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.virtualized import V
@@ -128,7 +130,7 @@ class _NeuronKernelCalls:
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
 
-class NeuronPythonWrapperCodegen(_NeuronKernelCalls, PythonWrapperCodegen):
+class NeuronPythonWrapperCodegen(_NeuronKernelCalls, _PythonWrapperCodegen):
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
         if is_subgraph:
@@ -152,7 +154,9 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
     as the fused kernels are) and buffers are allocated on neuron.
 
     AOTInductor is not supported yet: a packaged model runs outside Python,
-    so the launch would have to come from a neuron AOTI model runner."""
+    so the launch would have to come from a neuron AOTI model runner
+    (``RegisterAOTIModelRunner``), and AOTI builds per ``GraphLowering.device_type``
+    (``aoti_include/neuron.h`` precompiled header, ``AOTI_DEVICE_KEY``)."""
 
     def __init__(self):
         if V.graph.aot_mode:
