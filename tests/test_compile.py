@@ -304,7 +304,10 @@ def test_compile_fx_with_inner_compile_lowers_neuron_graph():
     fn = lambda x: F.dropout(x.sin(), 0.5, training=True) * 2  # noqa: E731
     x = torch.rand(64, device=DEV) + 1
     torch.neuron.manual_seed(5)
-    out = torch.compile(fn, backend=backend)(x)
+    # A cache hit would skip inner_compile.
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        out = torch.compile(fn, backend=backend)(x)
     assert seen and seen[0] == {"neuron"}
     assert out.device.type == "neuron"
     kept = out.cpu() != 0
