@@ -3,7 +3,8 @@
 // A stream executes its work in issue order. Work comes in two forms:
 // - enqueue(kernel): the caller hands over an owning Kernel and returns at
 //   once; the stream's executor thread runs it (CUDA's kernel launch).
-//   NEURON_RT_LAUNCH_BLOCKING=1 runs it before enqueue() returns instead.
+//   NEURON_RT_LAUNCH_BLOCKING=1 runs it before enqueue() returns instead, as
+//   does a kernel enqueued from inside a synchronous launch (nested work).
 // - launch(fn): runs `fn` on the calling thread once the queued work is done
 //   (a synchronous launch, for work whose results the caller needs now).
 // A kernel that fails on the executor does not raise at its launch: the error
