@@ -20,11 +20,20 @@ checks the compiled outputs against eager, then times them in ``--samples`` alte
 rounds of ``--inner`` steps, so drift on a shared machine hits all variants alike. The
 median per step is reported, with neuron/CPU ratios for eager and compiled.
 
+Tensor parallelism (``--tp N``): the eager neuron step with the transformer sharded by
+Diffusers' ``TensorParallelConfig(tp_degree=N)`` on N processes (torchrun, one NeuronCore
+and one thread each) against the same unsharded step in 1 process (also under torchrun,
+1 thread). Reported: speedup, and the communication share: the time rank 0 spends in
+c10d collectives (the self time of profiler events named ``c10d``: the all-reduces after
+row-wise layers, waits included, so load imbalance between ranks counts as communication),
+over a profiled step.
+
 Examples::
 
     nice -n 10 python benchmarks/diffusion.py
     python benchmarks/diffusion.py --blocks 8 --hidden 1024 --latent 64      # the full-size case
     python benchmarks/diffusion.py --quick --json out.json
+    python benchmarks/diffusion.py --tp 2                                    # TP=2 vs 1 process
 """
 
 from __future__ import annotations
@@ -116,6 +125,77 @@ def worker(args) -> dict:
     }
 
 
+def tp_worker(args) -> dict | None:
+    """One rank of the tensor-parallel measurement (torchrun); WORLD_SIZE 1 is the unsharded baseline."""
+    import torch
+    import torch.distributed as dist
+    import torch_neuronx  # noqa: F401
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    local = int(os.environ["LOCAL_RANK"])
+    dev = torch.device("neuron", local)
+    dist.init_process_group("neuron", device_id=dev)
+    world = dist.get_world_size()
+    model, inputs = build(args, "cpu")
+    ref = model(**inputs, return_dict=False)[0]
+    if world > 1:
+        from diffusers import TensorParallelConfig
+
+        model.enable_parallelism(config=TensorParallelConfig(tp_degree=world))
+    model.to(dev)
+    inputs = {k: v.to(dev) for k, v in inputs.items()}
+
+    def step():
+        out = model(**inputs, return_dict=False)[0]
+        torch.neuron.synchronize()
+        return out
+
+    max_diff = (step().cpu() - ref).abs().max().item()  # warm-up and check
+    times = []
+    for _ in range(args.samples):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(args.inner):
+            step()
+        times.append((time.perf_counter() - start) / args.inner)
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(args.inner):
+            step()
+        profiled = (time.perf_counter() - start) / args.inner
+    comm = sum(e.self_cpu_time_total for e in prof.key_averages() if "c10d" in e.key) / 1e3 / args.inner
+    dist.destroy_process_group()
+    if local != 0:
+        return None
+    return {"processes": world, "step_ms": statistics.median(times) * 1e3, "comm_ms": comm,
+            "profiled_step_ms": profiled * 1e3, "max_abs_diff_vs_cpu": max_diff}
+
+
+def run_tp(args) -> list:
+    """The unsharded step on 1 process, then the TP step on ``args.tp`` processes."""
+    import socket
+
+    results = []
+    for nproc in (1, args.tp):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+               f"--master-port={port}", __file__, "--tp-worker", "--blocks", str(args.blocks), "--hidden",
+               str(args.hidden), "--latent", str(args.latent), "--text-len", str(args.text_len), "--text-dim",
+               str(args.text_dim), "--samples", str(args.samples), "--inner", str(args.inner)]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+            raise SystemExit(proc.returncode)
+        results.append(json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1]))
+    return results
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -129,13 +209,40 @@ def main() -> int:
     p.add_argument("--inner", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="2 samples of 1 step")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--tp", type=int, default=1,
+                   help="N > 1: eager neuron step with tensor parallelism on N processes vs 1 process "
+                        "(instead of the eager/compiled comparison)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tp-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
         args.samples, args.inner = 2, 1
 
     if args.worker:
         print(json.dumps(worker(args)))
+        return 0
+    if args.tp_worker:
+        result = tp_worker(args)
+        if result is not None:
+            print(json.dumps(result), flush=True)
+        return 0
+    tokens = (args.latent // 2) ** 2 + args.text_len
+    shape = (f"FLUX-style transformer: {args.blocks} blocks, hidden {args.hidden}, {args.latent}x{args.latent} "
+             f"latents ({tokens} tokens incl. {args.text_len} text), batch 1, fp32; "
+             f"median of {args.samples} x {args.inner} steps")
+    if args.tp > 1:
+        results = run_tp(args)
+        base = results[0]["step_ms"]
+        print(shape + "; eager neuron, 1 thread per process")
+        print("| processes | step ms | speedup | comm ms/step (rank 0) | comm share | max |diff| vs cpu |")
+        print("|---|---|---|---|---|---|")
+        for r in results:
+            share = r["comm_ms"] / r["profiled_step_ms"]
+            print(f"| {r['processes']} | {r['step_ms']:.1f} | {base / r['step_ms']:.2f} | {r['comm_ms']:.1f} | "
+                  f"{share:.0%} | {r['max_abs_diff_vs_cpu']:.1e} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"config": vars(args), "machine": platform.machine(), "results": results}, f, indent=1)
         return 0
 
     results = []
@@ -150,10 +257,7 @@ def main() -> int:
             return proc.returncode
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
 
-    tokens = (args.latent // 2) ** 2 + args.text_len
-    print(f"FLUX-style transformer: {args.blocks} blocks, hidden {args.hidden}, {args.latent}x{args.latent} "
-          f"latents ({tokens} tokens incl. {args.text_len} text), batch 1, fp32; "
-          f"median of {args.samples} x {args.inner} steps")
+    print(shape)
     print("| threads | eager cpu ms | eager neuron ms | eager neuron/cpu | compiled cpu ms | compiled neuron ms "
           "| compiled neuron/cpu | compiled vs eager (neuron) | first call s (cpu / neuron compiled) |")
     print("|---|---|---|---|---|---|---|---|---|")

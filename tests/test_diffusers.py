@@ -297,7 +297,7 @@ def test_example_tiny_pipeline_says_noise_and_matches_cpu(example, tmp_path, cap
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tp", "2"], "tensor parallelism is not supported yet"),
+    (["--tp", "2"], "--tp 2 needs 2 processes"),
     (["--model", "/nonexistent"], "not a Diffusers pipeline directory"),
     (["--device", "nowhere"], "--device nowhere:"),
 ])
