@@ -92,3 +92,22 @@ def test_sdpa_compiled_keeps_math_decomposition(backend):
     got = fn(*(t.to("neuron") for t in (q, k, v)))
     assert cnt.frame_count == 1
     assert_same(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_flash_attention_op_forward_and_backward_match_cpu():
+    # aten::_scaled_dot_product_flash_attention, called directly (Diffusers' ring
+    # attention needs its logsumexp), against CPU's flash op (the CUDA-named op
+    # has no CPU kernel).
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g, requires_grad=True) for _ in range(3))
+    dq, dk, dv = (t.detach().neuron().requires_grad_() for t in (q, k, v))
+    for causal in (False, True):
+        want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal)
+        got = torch.ops.aten._scaled_dot_product_flash_attention(dq, dk, dv, is_causal=causal)
+        assert_same(got[0], want[0], rtol=1e-5, atol=1e-6)
+        assert_same(got[1], want[1], rtol=1e-5, atol=1e-6)  # logsumexp, [B, H, L]
+        (want[0] * want[0]).sum().backward()
+        (got[0] * got[0]).sum().backward()
+        for a, b in ((dq, q), (dk, k), (dv, v)):
+            assert_same(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+            a.grad = b.grad = None

@@ -69,9 +69,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor(), at::Tensor()};
 }
 
+// The flash-attention op itself, as CUDA offers it (callers that need the
+// log-sum-exp, e.g. Diffusers' ring attention, call it directly): the CPU
+// flash kernel, whose logsumexp has the same [B, H, L] layout.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
+           at::Tensor>
+flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p, bool is_causal,
+                bool return_debug_mask, std::optional<double> scale) {
+  return fused_attention(q, k, v, std::nullopt, dropout_p, is_causal, return_debug_mask, scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
+    bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  TORCH_CHECK(dropout_p == 0.0, "neuron flash attention has no dropout");
+  auto grads = host_call("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "",
+                         {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, c10::IValue(), scale});
+  return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_scaled_dot_product_flash_attention", flash_attention);
+  m.impl("_scaled_dot_product_flash_attention_backward", flash_attention_backward);
   m.impl("_fused_sdp_choice", fused_sdp_choice);
   m.impl("_scaled_dot_product_fused_attention_overrideable", fused_attention);
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", fused_attention_backward);

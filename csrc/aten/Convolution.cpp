@@ -1,5 +1,11 @@
 // Convolutions: ATen routes a PrivateUse1 convolution to the "overrideable"
 // pair, which the host runtime serves with ATen's own convolution kernels.
+//
+// Layout contract: for the Overrideable backend, ATen's
+// _conv_determine_backend_memory_format (which FakeTensor uses to predict the
+// strides compiled code asserts) says contiguous, while the CPU kernels return
+// channels-last whenever the input or the weight is. Results are returned
+// contiguous, as the contract says.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -14,7 +20,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
   return host_call("aten::convolution", "",
                    {input, weight, bias ? c10::IValue(*bias) : c10::IValue(), stride.vec(), padding.vec(),
                     dilation.vec(), transposed, output_padding.vec(), groups})[0]
-      .toTensor();
+      .toTensor()
+      .contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -27,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
                      {grad_output, input, weight, std::vector<int64_t>{out_channels}, stride.vec(), padding.vec(),
                       dilation.vec(), transposed, output_padding.vec(), groups,
                       c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]})});
-  auto get = [&](size_t i) { return r[i].isTensor() ? r[i].toTensor() : at::Tensor(); };
+  auto get = [&](size_t i) { return r[i].isTensor() && r[i].toTensor().defined() ? r[i].toTensor().contiguous() : at::Tensor(); };
   return {get(0), get(1), get(2)};
 }
 

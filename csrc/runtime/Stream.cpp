@@ -240,7 +240,10 @@ void Stream::run(Kernel& kernel, uint64_t correlation) {
 
 void Stream::launch(const std::function<void()>& fn, const char* name) {
   if (in_bad_fork()) throw BadForkError();
-  synchronize();  // the caller runs `fn` itself: after the queued work
+  // The caller runs `fn` itself, after the queued work. (Not after other
+  // synchronous launches in progress: one of them may be this launch's caller.)
+  wait_queued();
+  check_error();
   issued_.fetch_add(1, std::memory_order_acq_rel);
   struct Retire {
     Stream* s;

@@ -185,10 +185,8 @@ def test_parallel_forward_matches_cpu(eager_results, model, mode):
 def test_ring_attention(eager_results, model):
     """ContextParallelConfig(ring_degree=2). Ring needs an attention op that returns
     the log-sum-exp: Diffusers' "_native_flash" backend calls
-    aten::_scaled_dot_product_flash_attention, which has no neuron kernel yet."""
+    aten::_scaled_dot_product_flash_attention (csrc/aten/Attention.cpp)."""
     for rank, (status, detail) in _case(eager_results, f"ring-{model}").items():
-        if status == "FAIL" and "_scaled_dot_product_flash_attention" in detail and "NotImplementedError" in detail:
-            pytest.xfail("no neuron kernel for aten::_scaled_dot_product_flash_attention")
         assert status == "OK", f"{rank}: {detail}"
 
 
