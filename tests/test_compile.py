@@ -156,14 +156,20 @@ def test_compiled_optimizer_step():
         torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_cpp_wrapper_raises_clear_error():
-    # Inductor's C++ wrapper (also AOTInductor's) has no neuron support yet
-    # (docs/compile.md): a clear error, not a C++ compile error, a kernel
-    # outside a runtime launch, or a race with queued kernels.
+def test_cpp_wrapper_forward_backward():
+    # Inductor's C++ wrapper: the graph runs as one launch, fallbacks through
+    # the CPU C shims over device memory, buffers on neuron.
     torch._dynamo.reset()
-    _, dev = _pair(MLP)
-    with pytest.raises(Exception, match="cpp_wrapper=True and AOTInductor .* not supported for neuron"):
-        torch.compile(dev, options={"cpp_wrapper": True})(torch.randn(8, 16, device=DEV))
+    cpu, dev = _pair(MLP)
+    x = torch.randn(8, 16)
+    out = torch.compile(dev, options={"cpp_wrapper": True})(x.to(DEV))
+    assert out.device.type == "neuron"
+    ref = cpu(x)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(dev.a.weight.grad.cpu(), cpu.a.weight.grad, rtol=1e-4, atol=1e-5)
+    assert dev.a.weight.grad.device.type == "neuron"
 
 
 def test_default_inductor_training_with_reductions():

@@ -3,12 +3,13 @@
 Registered through Inductor's device-backend API (``register_backend_for_device``,
 ``register_device_op_overrides``, the Dynamo ``DeviceInterface``), so every
 route into Inductor -- default ``torch.compile``, ``backend="neuron"``, any
-``compile_fx`` caller -- lowers neuron graphs the same way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
+``compile_fx`` caller, ``cpp_wrapper=True`` -- lowers neuron graphs the same
+way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
 fused kernels are Inductor's C++ (CppScheduling) code over the device memory,
 which the host runtime can map (``host_accessible``). Each C++ kernel runs as
 one runtime launch on the current neuron stream, so it touches device memory
-only inside a launch (``NEURON_RT_PROTECT=1``). The C++ wrapper
-(``cpp_wrapper=True``, AOTInductor) is not supported yet (docs/compile.md).
+only inside a launch (``NEURON_RT_PROTECT=1``). AOTInductor is not supported
+yet (docs/compile.md).
 
 Inductor chooses C++-kernel semantics (dtype propagation, vector codegen) by
 the *current device* being ``cpu``, and treats every other device as a Triton
@@ -147,24 +148,69 @@ class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapp
 
 
 class NeuronCppWrapperCodegen(CppWrapperCpu):
-    """Not supported yet: ``cpp_wrapper=True`` and AOTInductor raise a clear
-    error. Inductor's C++ wrapper calls aten fallbacks through per-device C
-    shims (generated for cpu/cuda/xpu/mps only). The CPU shims over
-    host-mappable device memory, with the whole wrapper as one launch, were
-    correct with synchronous launches but race with asynchronous ones: a CPU
-    kernel such as addmm_out issues neuron ops (the bias copy) that are queued
-    while it reads their output. AOTInductor would also need a neuron AOTI model
-    runner (``RegisterAOTIModelRunner``) and per-device headers (docs/compile.md)."""
+    """``cpp_wrapper=True``: the graph's C++ wrapper runs as one launch on the
+    current neuron stream. Inside it, aten fallbacks use the CPU C shims
+    (``aoti_torch_cpu_*``: host kernels over the host-mappable device memory,
+    as the fused kernels are) and buffers are allocated on neuron.
+
+    AOTInductor is not supported yet: a packaged model runs outside Python,
+    so the launch would have to come from a neuron AOTI model runner
+    (``RegisterAOTIModelRunner``), and AOTI builds per ``GraphLowering.device_type``
+    (``aoti_include/neuron.h`` precompiled header, ``AOTI_DEVICE_KEY``)."""
 
     def __init__(self):
-        raise NotImplementedError(
-            "torch.compile with cpp_wrapper=True and AOTInductor (aoti_compile_and_package) are not supported for "
-            "neuron tensors yet: Inductor's C++ wrapper needs neuron C shims and a neuron AOTI model runner "
-            "(docs/compile.md). Use the default Python wrapper (cpp_wrapper=False).")
+        if V.graph.aot_mode:
+            raise NotImplementedError(
+                "AOTInductor (aoti_compile_and_package) is not supported for neuron tensors yet: a packaged model "
+                "needs a neuron AOTI model runner that launches it on the runtime (docs/compile.md)")
+        super().__init__()
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
         return NeuronCppWrapperCodegen()
+
+    @staticmethod
+    def get_device_include_path_jit(device: str) -> str:
+        return CppWrapperCpu.get_device_include_path_jit("cpu" if device == "neuron" else device)
+
+    @staticmethod
+    def get_device_include_path_aot(device: str) -> str:
+        return CppWrapperCpu.get_device_include_path_aot("cpu" if device == "neuron" else device)
+
+    @staticmethod
+    def get_c_shim_func_name(kernel: str, device: str) -> str:
+        return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu" if device == "neuron" else device)
+
+    def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
+        super().generate_c_shim_extern_kernel_call(kernel, args, "cpu" if device == "neuron" else device, **kwargs)
+
+    def generate_kernel_call(self, kernel_name, call_args, *, device=None, **kwargs):
+        super().generate_kernel_call(kernel_name, call_args, device=_call_device(device), **kwargs)
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=_HOST if _is_neuron(device) else device,
+                                             **kwargs)
+
+    def _generate_end_jit(self, result):
+        super()._generate_end_jit(result)
+        devices = [getattr(v, "get_device", lambda: None)() for v in V.graph.graph_inputs.values()]
+        index = next((d.index for d in devices if _is_neuron(d) and d.index is not None),
+                     torch.neuron.current_device())
+        result.splice(f"""
+            from torch_neuronx._inductor import launched as neuron_launched
+            call = neuron_launched(call, {index}, {V.graph.name!r})
+            """)
+
+
+def launched(call, device_index: int, name: str):
+    """The C++-wrapper entry of a graph as one launch on the current stream
+    of ``neuron:device_index``."""
+    from . import _C
+
+    def run(args):
+        return _C._launch(device_index, functools.partial(call, args), f"cpp_wrapper {name}")
+
+    return run
 
 
 class _CodegenVersion(CustomGraphModulePass):
