@@ -31,7 +31,7 @@ import torch
 
 def _chain(a, n):
     for _ in range(n):
-        a = torch.mm(a, a).clamp_(-1, 1)
+        a = torch.mm(a, a).clamp(-1, 1)
     return a
 
 

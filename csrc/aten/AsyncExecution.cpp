@@ -132,6 +132,12 @@ const AsyncOp kAsyncOps[] = {
             [](const Args& a) -> Outs {
               return {at::meta::clamp(T(a, 0), a[1].toOptional<at::Scalar>(), a[2].toOptional<at::Scalar>())};
             }},
+    AsyncOp{"aten::clamp_", "", Mode::InPlace, nullptr,
+            [](const Args& a) -> Outs {
+              at::Tensor self = T(a, 0);
+              at::meta::clamp_(self, a[1].toOptional<at::Scalar>(), a[2].toOptional<at::Scalar>());
+              return {};
+            }},
     // matmuls
     AsyncOp{"aten::mm", "", Mode::Out, "out", [](const Args& a) -> Outs { return {at::meta::mm(T(a, 0), T(a, 1))}; }},
     AsyncOp{"aten::bmm", "", Mode::Out, "out",
