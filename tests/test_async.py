@@ -211,3 +211,15 @@ def test_non_blocking_copy_to_pinned_memory():
     ev.record()
     ev.synchronize()
     torch.testing.assert_close(host, _long_work(x.cpu()[:256] / 256, 3), rtol=1e-4, atol=1e-5)
+
+
+def test_queued_kernels_run_below_autograd_like_their_caller():
+    # An out= kernel (any.all_out) fills its output through the dispatcher; on
+    # the executor it must skip autograd as its caller did, inference tensors too.
+    with torch.inference_mode():
+        x = torch.randn(16, device="neuron")
+        inside = (x > 0).any()
+    outside = (x > 0).any() & (x < 10).all()
+    torch.neuron.synchronize()
+    assert inside.item() == bool((x.cpu() > 0).any())
+    assert outside.item() == bool((x.cpu() > 0).any() & (x.cpu() < 10).all())

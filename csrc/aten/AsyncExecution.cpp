@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <mutex>
 #include <unordered_map>
@@ -279,20 +280,29 @@ at::Tensor operand(const at::Tensor& t) {
   return c;
 }
 
-// Kernels run with their caller's intra-op thread count (OpenMP keeps it
-// per thread, and torch.set_num_threads sets only the caller's).
-void use_threads(int n) {
-  thread_local int current = -1;
-  if (current != n) {
-    at::set_num_threads(n);
-    current = n;
+// What a kernel takes over from the thread that launched it: the intra-op
+// thread count (OpenMP keeps it per thread, and torch.set_num_threads sets only
+// the caller's), and the dispatch keys the caller had excluded (it runs below
+// autograd: ATen ops the CPU kernel calls must skip the autograd layer there
+// too, or an out= kernel's own fill_ on an inference tensor is refused).
+struct CallerState {
+  int threads = at::get_num_threads();
+  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+
+  void apply() const {
+    thread_local int current = -1;
+    if (current != threads) {
+      at::set_num_threads(threads);
+      current = threads;
+    }
+    c10::impl::_force_tls_local_dispatch_key_set(keys);
   }
-}
+};
 
 class OpKernel final : public neuronrt::Kernel {
  public:
   OpKernel(const c10::OperatorHandle& op, Mode mode, const char* name, Args args, Outs outputs)
-      : op_(op), mode_(mode), name_(name), threads_(at::get_num_threads()), args_(std::move(args)),
+      : op_(op), mode_(mode), name_(name), args_(std::move(args)),
         outputs_(std::move(outputs)) {}
 
   const char* name() const noexcept override { return name_; }
@@ -309,7 +319,7 @@ class OpKernel final : public neuronrt::Kernel {
 
  private:
   void execute() {
-    use_threads(threads_);
+    caller_.apply();
     torch::jit::Stack stack(args_);
     if (mode_ == Mode::Out) stack.insert(stack.end(), outputs_.begin(), outputs_.end());
     op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
@@ -321,7 +331,7 @@ class OpKernel final : public neuronrt::Kernel {
   c10::OperatorHandle op_;
   Mode mode_;
   const char* name_;
-  int threads_;
+  CallerState caller_;
   // Host aliases of the operands and outputs, made at launch: they keep the
   // device storages alive until the kernel has run, and the sizes and
   // strides of launch time (later metadata changes of the caller's tensors,
@@ -333,17 +343,21 @@ class OpKernel final : public neuronrt::Kernel {
 class CopyKernel final : public neuronrt::Kernel {
  public:
   CopyKernel(const at::Tensor& src, const at::Tensor& dst, const char* name)
-      : src_(host_alias(src)), dst_(host_alias(dst)), name_(name), threads_(at::get_num_threads()) {}
+      : src_(host_alias(src)), dst_(host_alias(dst)), name_(name) {}
   const char* name() const noexcept override { return name_; }
   void run() override {
-    use_threads(threads_);
-    dst_.copy_(src_);
+    caller_.apply();
+    try {
+      dst_.copy_(src_);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
   }
 
  private:
   at::Tensor src_, dst_;  // host aliases (see OpKernel)
   const char* name_;
-  int threads_;
+  CallerState caller_;
 };
 
 }  // namespace
