@@ -747,6 +747,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output,
   agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
+  // The output is any contiguous tensor of world x input elements (as NCCL
+  // takes it; SyncBatchNorm passes [1, world * n]). Gloo splits it along
+  // dim 0, so it gets the flat views.
+  if (hostOut.is_contiguous() && hostIn.is_contiguous()) {
+    hostOut = hostOut.view({-1});
+    hostIn = hostIn.view({-1});
+  }
   return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
                 [&] { return gloo_->_allgather_base(hostOut, hostIn, opts); });
 }
