@@ -33,6 +33,8 @@ def test_snapshot_has_live_blocks_with_python_stacks(history):
     weights = _allocate_weights()
     scratch = torch.ones(100, device="neuron") * 2
     del scratch
+    # Queued kernels hold their operands until they have run (docs/runtime.md).
+    torch.neuron.synchronize()
     snap = torch.neuron.memory._snapshot()
     ours = [s for s in snap["segments"] if s["address"] == weights.untyped_storage().data_ptr()]
     assert len(ours) == 1

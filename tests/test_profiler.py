@@ -23,8 +23,6 @@ def test_key_averages_have_device_time():
     for op in ("aten::mm", "aten::relu", "aten::sum"):
         assert events[op].device_time_total > 0, op
         assert events[op].self_device_time_total > 0, op
-        # Launches are synchronous on the host runtime: the kernel runs inside the op.
-        assert events[op].device_time_total <= events[op].cpu_time_total, op
     assert events["aten::mm"].count == 1
     table = prof.key_averages().table(sort_by="device_time_total")
     assert "NEURON total" in table and "aten::mm" in table

@@ -71,6 +71,7 @@ def test_stream_context_on_other_device_restores_current_device():
     with torch.neuron.stream(s1):
         assert torch.neuron.current_stream(1) == s1
         z = torch.ones(2, device="neuron:1") + 1
+    s1.synchronize()  # z was computed on s1: order it before the default stream's read
     assert torch.neuron.current_device() == 0
     assert torch.neuron.current_stream(1) == torch.neuron.default_stream(1)
     assert torch.neuron.current_stream(0) == torch.neuron.default_stream(0)
@@ -83,6 +84,7 @@ def test_torch_stream_as_context_manager():
         assert torch.accelerator.current_stream() == s
         out = torch.arange(4, device="neuron") * 2
     assert torch.accelerator.current_stream() == torch.neuron.default_stream()
+    torch.neuron.default_stream().wait_stream(s)  # as on CUDA: order the read after s
     assert_same(out, torch.arange(4) * 2)
 
 
@@ -115,7 +117,9 @@ def test_record_event_and_wait_event():
     with torch.neuron.stream(producer):
         y = x.neuron() + 1
     ev = producer.record_event()
-    assert isinstance(ev, torch.Event) and ev.query()
+    assert isinstance(ev, torch.Event)
+    ev.synchronize()
+    assert ev.query()
     consumer.wait_event(ev)
     with torch.neuron.stream(consumer):
         z = y * 2

@@ -319,6 +319,7 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.check_mix();
   const c10::DeviceIndex device = call.device_index();
   check_device(device);
+  if (launch_async(op, stack, device)) return;
 
   // Pass 2: alias device memory as host tensors, route devices and RNG.
   at::Generator neuron_gen;
@@ -384,9 +385,10 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   {
     StagingScope staging(device);
-    neuronrt::Stream& stream = neuronrt::current_stream(device);
-    stream.launch([&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); },
-                  schema.name().c_str());
+    rt_call([&] {
+      neuronrt::current_stream(device).launch(
+          [&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); }, schema.name().c_str());
+    });
   }
   if (gen) gen->reserve(static_cast<uint64_t>(max_numel(*stack, stack->size() - schema.returns().size())));
   if (cpu_default) {

@@ -16,11 +16,22 @@
 #include <map>
 #include <string>
 
+#include "csrc/runtime/Stream.h"
+
 namespace at::neuron {
 
 // Runs `op` on the host runtime. Used for every op in the device's kernel
 // table and by the fallback.
 void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Queues `op` on `device`'s current stream when its outputs can be allocated
+// without running it (AsyncExecution.cpp); returns false, leaving `stack`
+// untouched, for ops that run synchronously.
+bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device);
+
+// Queues dst.copy_(src) (either may be a CPU tensor) on `stream`; the kernel
+// keeps both alive until it has run.
+void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& stream, const char* name);
 
 // Boxed PrivateUse1 fallback for ops with no neuron kernel: counts the op,
 // warns once per op, and raises instead when TORCH_NEURONX_DISABLE_FALLBACK=1.

@@ -161,12 +161,30 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     dst.zero_();
     return dst;
   }
+  neuronrt::Stream& stream = rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(dev.device().index()); });
+  if (self.is_privateuseone() && dst.is_privateuseone() && self.device() != dst.device()) {
+    // The copy runs in order on the destination's stream: the source's
+    // producers, queued on its own device, must have run first.
+    rt_call([&] { neuronrt::current_stream(self.device().index()).synchronize(); });
+  }
+  // Device-to-device copies and non_blocking copies from/to pinned memory
+  // are queued; other host copies run when the stream reaches them.
+  const bool pinned = non_blocking && (self.is_privateuseone() ? dst : self).is_pinned();
+  // Conversions the CPU copy refuses (bit types) or warns about (complex to
+  // real) stay synchronous, so that the error or warning reaches the caller.
+  const bool checked = self.scalar_type() == dst.scalar_type() ||
+                       (!c10::isBitsType(self.scalar_type()) && !c10::isBitsType(dst.scalar_type()) &&
+                        !(self.is_complex() && !dst.is_complex()));
+  if (checked && ((self.is_privateuseone() && dst.is_privateuseone()) || pinned)) {
+    const char* name = !self.is_privateuseone() ? "Memcpy HtoD" : !dst.is_privateuseone() ? "Memcpy DtoH" : "Memcpy DtoD";
+    copy_async(self, dst, stream, name);
+    return dst;
+  }
   at::Tensor src_h = host_alias(self);
   at::Tensor dst_h = host_alias(dst);
-  neuronrt::Stream& stream = rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(dev.device().index()); });
   // "Memcpy" names read as copies in the profiler (kineto's GPU_MEMCPY).
   const char* kind = !self.is_privateuseone() ? "Memcpy HtoD" : !dst.is_privateuseone() ? "Memcpy DtoH" : "Memcpy DtoD";
-  stream.launch([&] { dst_h.copy_(src_h, non_blocking); }, kind);
+  rt_call([&] { stream.launch([&] { dst_h.copy_(src_h, non_blocking); }, kind); });
   return dst;
 }
 

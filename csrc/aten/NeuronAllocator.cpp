@@ -55,10 +55,19 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
     });
   }
   bool initialized() override { return true; }
-  void emptyCache(c10::MempoolId_t) override { rt_allocator().empty_cache(); }
+  void emptyCache(c10::MempoolId_t) override {
+    rt_call([] {
+      for (int d = 0; d < neuronrt::device_count(); ++d) neuronrt::release_finished_kernels(d);
+    });
+    rt_allocator().empty_cache();
+  }
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    auto s = rt_call([&] { return rt_allocator().stats(device); });
+    // Memory of tensors whose last users were kernels that have run is free.
+    auto s = rt_call([&] {
+      neuronrt::release_finished_kernels(device);
+      return rt_allocator().stats(device);
+    });
     c10::CachingDeviceAllocator::DeviceStats out;
     to_c10(s.allocation, out.allocation);
     to_c10(s.segment, out.segment);

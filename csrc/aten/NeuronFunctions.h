@@ -25,6 +25,8 @@ decltype(auto) rt_call(F&& fn) {
     return fn();
   } catch (const neuronrt::OutOfMemoryError& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const neuronrt::KernelError& e) {
+    throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 1, e.what());
   } catch (const neuronrt::ConfigurationError& e) {
     TORCH_CHECK_VALUE(false, e.what());
   } catch (const neuronrt::Error& e) {

@@ -89,12 +89,15 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return prev;
   }
   bool queryStream(const c10::Stream& s) const override { return to_rt(s).query(); }
-  void synchronizeStream(const c10::Stream& s) const override { to_rt(s).synchronize(); }
+  void synchronizeStream(const c10::Stream& s) const override {
+    rt_call([&] { to_rt(s).synchronize(); });
+  }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     rt_call([&] { neuronrt::synchronize_device(index); });
   }
-  // Launches complete in order and the allocator serves one queue per
-  // device, so a block can be reused as soon as it is freed.
+  // A queued kernel owns references to the tensors it uses, so a block is
+  // freed only after every kernel using it has run: reuse by any stream is
+  // safe without recording streams (docs/runtime.md).
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 
   void record(void** event, const c10::Stream& s, const c10::DeviceIndex device_index,
@@ -107,10 +110,10 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       ev = new neuronrt::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
       *event = ev;
     }
-    ev->record(to_rt(s));
+    rt_call([&] { ev->record(to_rt(s)); });
   }
   void block(void* event, const c10::Stream& s) const override {
-    if (event) static_cast<neuronrt::Event*>(event)->block(to_rt(s));
+    if (event) rt_call([&] { static_cast<neuronrt::Event*>(event)->block(to_rt(s)); });
   }
   bool queryEvent(void* event) const override {
     return !event || static_cast<neuronrt::Event*>(event)->query();
@@ -119,7 +122,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     delete static_cast<neuronrt::Event*>(event);
   }
   void synchronizeEvent(void* event) const override {
-    if (event) static_cast<neuronrt::Event*>(event)->synchronize();
+    if (event) rt_call([&] { static_cast<neuronrt::Event*>(event)->synchronize(); });
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");

@@ -18,6 +18,7 @@
 #include "csrc/aten/NeuronAllocator.h"
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/runtime/CachingAllocator.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace py = pybind11;
 
@@ -159,7 +160,11 @@ void record_memory_history(std::optional<std::string> enabled, std::optional<std
 }
 
 py::dict snapshot() {
-  auto blocks = at::neuron::rt_call([] { return neuronrt::CachingAllocator::instance().snapshot(); });
+  auto blocks = at::neuron::rt_call([] {
+    // As memory statistics: blocks of tensors whose last users have run are free.
+    for (int d = 0; d < neuronrt::device_count(); ++d) neuronrt::release_finished_kernels(d);
+    return neuronrt::CachingAllocator::instance().snapshot();
+  });
   History& h = history();
   std::lock_guard<std::mutex> lock(h.mutex);
   py::list segments;

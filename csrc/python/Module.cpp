@@ -58,6 +58,12 @@ void drain_autograd_device_threads() {
                           .requires_grad_(true);
     torch::autograd::backward({leaf.sum()});
   }
+  // Queued kernels finish before the interpreter tears down what they use;
+  // their errors are no longer anyone's to report.
+  for (int d = 0; d < neuronrt::device_count(); ++d) {
+    for (neuronrt::Stream* s : neuronrt::all_streams(d)) s->wait_for(s->issued());
+    neuronrt::release_finished_kernels(d);
+  }
 }
 
 }  // namespace

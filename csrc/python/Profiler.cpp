@@ -44,7 +44,7 @@ struct KernelRecord {
 };
 
 // Kineto pushes the correlation id of each CPU op on the thread that runs it;
-// launches are reported on the launching thread, so they find it here.
+// the runtime reads it at launch time (set_correlation_source).
 thread_local std::vector<uint64_t> tls_correlation;
 
 class NeuronProfilerSession;
@@ -59,6 +59,7 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     std::lock_guard<std::mutex> lock(g_mutex);
     start_ns_ = unix_ns();
     g_active = this;
+    neuronrt::set_correlation_source(&current_correlation);
     neuronrt::set_launch_observer(&on_launch);
   }
 
@@ -70,13 +71,15 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     end_ns_ = unix_ns();
   }
 
+  // On the launching thread, where Kineto pushed the CPU op's id.
+  static uint64_t current_correlation() { return tls_correlation.empty() ? 0 : tls_correlation.back(); }
+
   static void on_launch(const neuronrt::LaunchRecord& r) {
     const int64_t end = unix_ns();
-    const uint64_t correlation = tls_correlation.empty() ? 0 : tls_correlation.back();
     std::lock_guard<std::mutex> lock(g_mutex);
     if (!g_active) return;
     g_active->records_.push_back({r.name, r.device, r.stream, end - static_cast<int64_t>(r.duration_ns), end,
-                                  correlation});
+                                  r.correlation});
   }
 
   void pushCorrelationId(uint64_t id) override { tls_correlation.push_back(id); }

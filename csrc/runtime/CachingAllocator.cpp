@@ -99,6 +99,11 @@ void CachingAllocator::release_cached(DeviceState& ds) {
   publish(device, ds.stats);
 }
 
+void CachingAllocator::set_reclaim_hook(ReclaimHook hook) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  reclaim_hook_ = hook;
+}
+
 void* CachingAllocator::allocate(int device, size_t size) {
   lazy_init();  // before the lock: a bad fork may have inherited it held
   if (size == 0) return nullptr;
@@ -106,6 +111,13 @@ void* CachingAllocator::allocate(int device, size_t size) {
   DeviceState& ds = state(device);
   size_t rounded = round_size(size);
   Block* b = take_cached(ds, rounded);
+  if (!b) {
+    auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
+    if (reserved() + rounded > ds.capacity && reclaim_hook_) {
+      reclaim_hook_(device);
+      b = take_cached(ds, rounded);
+    }
+  }
   if (!b) {
     auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
     if (reserved() + rounded > ds.capacity && !ds.cache.empty()) {

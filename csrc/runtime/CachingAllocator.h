@@ -99,6 +99,10 @@ class CachingAllocator {
 
   // Installs (or, with nullptr, removes) the observer of allocator events.
   void set_observer(AllocatorObserver observer);
+  // Called (lock held) before an allocation fails for lack of memory: it may
+  // free device memory (queued kernels release their tensors once run).
+  using ReclaimHook = void (*)(int device);
+  void set_reclaim_hook(ReclaimHook hook);
   // Every live segment, in use or cached, ordered by address.
   std::vector<BlockInfo> snapshot() const;
   // Caps the device's budget at `fraction` of its HBM capacity, as
@@ -134,6 +138,7 @@ class CachingAllocator {
   // Every live segment (in use or cached), ordered by address.
   std::map<uintptr_t, Block*> segments_;
   AllocatorObserver observer_ = nullptr;
+  ReclaimHook reclaim_hook_ = nullptr;
 };
 
 }  // namespace neuronrt

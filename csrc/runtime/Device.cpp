@@ -45,8 +45,9 @@ const DeviceConfig& environment_config() {
     const TargetModel& t = target();
     DeviceConfig c = parse_device_config(std::getenv("NEURON_RT_VISIBLE_CORES"), std::getenv("NEURON_RT_NUM_CORES"),
                                          std::getenv("NEURON_RT_HBM_BYTES"), t.cores_per_chip, t.hbm_per_core);
-    if (!target_error().empty()) {
-      c.error += (c.error.empty() ? "" : "\n") + target_error();
+    for (const std::string* e : {&target_error(), &launch_blocking_error()}) {
+      if (e->empty()) continue;
+      c.error += (c.error.empty() ? "" : "\n") + *e;
       c.cores.clear();
     }
     return c;
@@ -233,7 +234,9 @@ const DeviceProperties& device_properties(int device) {
 
 void synchronize_device(int device) {
   check_device(device);
-  for (Stream* s : all_streams(device)) s->synchronize();
+  std::vector<Stream*> streams = all_streams(device);
+  for (Stream* s : streams) s->wait_for(s->issued());
+  for (Stream* s : streams) s->check_error();
 }
 
 }  // namespace neuronrt

@@ -41,6 +41,13 @@ class OutOfMemoryError : public Error {
   size_t capacity;
 };
 
+// A kernel that failed on a stream's executor, reported at the stream's next
+// synchronization point (Stream.h).
+class KernelError : public Error {
+ public:
+  using Error::Error;
+};
+
 // "1.50 GiB" style formatting shared by error messages and summaries.
 std::string format_bytes(size_t bytes);
 

@@ -9,7 +9,27 @@ namespace neuronrt {
 
 bool host_accessible() noexcept { return true; }
 
-void* malloc(int device, size_t bytes) { return CachingAllocator::instance().allocate(device, bytes); }
+namespace {
+// Before an allocation fails: queued kernels hold the tensors they use, so let
+// them run and free those that have.
+void reclaim(int device) {
+  for (Stream* s : all_streams(device)) s->wait_for(s->issued());
+  release_finished_kernels(device);
+}
+}  // namespace
+
+void* malloc(int device, size_t bytes) {
+  static const bool hooked = [] {
+    CachingAllocator::instance().set_reclaim_hook(&reclaim);
+    return true;
+  }();
+  (void)hooked;
+  return CachingAllocator::instance().allocate(device, bytes);
+}
+
+void release_finished_kernels(int device) {
+  for (Stream* s : all_streams(device)) s->release_finished();
+}
 
 void free(void* ptr) noexcept {
   try {
@@ -44,5 +64,7 @@ void memset(void* dst, int value, size_t bytes, Stream& stream) {
 void launch(Stream& stream, Kernel& kernel) {
   stream.launch([&] { kernel.run(); }, kernel.name());
 }
+
+void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel) { stream.enqueue(std::move(kernel)); }
 
 }  // namespace neuronrt

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "Device.h"
 #include "Stream.h"
@@ -27,8 +28,12 @@ bool host_accessible() noexcept;
 // ---- Memory -----------------------------------------------------------------
 
 // Allocates `bytes` of `device` memory (nullptr for 0). Throws
-// OutOfMemoryError past the device's capacity.
+// OutOfMemoryError past the device's capacity, after waiting for the
+// device's queued kernels to release what they hold.
 void* malloc(int device, size_t bytes);
+// Frees the device's kernels that have run, and with them the memory they
+// held (memory statistics call it first).
+void release_finished_kernels(int device);
 // Returns memory from malloc() to the device's cache. Never throws.
 void free(void* ptr) noexcept;
 // The device whose memory contains `ptr`, or -1 if it is not device memory.
@@ -53,8 +58,13 @@ class Kernel {
   virtual void run() = 0;
 };
 
-// Runs `kernel` in order on `stream`. Errors raised by the kernel propagate.
+// Runs `kernel` in order on `stream` and returns when it has run. Errors
+// raised by the kernel propagate.
 void launch(Stream& stream, Kernel& kernel);
+// Queues `kernel` on `stream` and returns at once; the stream owns it until it
+// has run. Errors surface at the stream's next synchronization point as
+// KernelError (Stream.h). NEURON_RT_LAUNCH_BLOCKING=1 makes this launch().
+void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel);
 
 // ---- Streams and events -------------------------------------------------------
 // Stream and Event (Stream.h): record, wait (Event::block), query,

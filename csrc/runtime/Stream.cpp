@@ -1,8 +1,13 @@
 #include "Stream.h"
 
 #include <array>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "Device.h"
@@ -10,6 +15,7 @@
 #include "Process.h"
 #include "Protect.h"
 #include "Registry.h"
+#include "Runtime.h"
 
 namespace neuronrt {
 namespace {
@@ -58,41 +64,256 @@ thread_local std::vector<int64_t> tls_current_stream;
 
 }  // namespace
 
-Stream::Stream(int device, int64_t id) : device_(device), id_(id) {}
+// ---- NEURON_RT_LAUNCH_BLOCKING ------------------------------------------------
+
+namespace {
+struct BlockingSetting {
+  bool blocking = false;
+  std::string error;
+};
+
+const BlockingSetting& blocking_setting() {
+  static const BlockingSetting s = [] {
+    BlockingSetting out;
+    const char* v = std::getenv("NEURON_RT_LAUNCH_BLOCKING");
+    if (v && *v) {
+      if (std::strcmp(v, "1") == 0) {
+        out.blocking = true;
+      } else if (std::strcmp(v, "0") != 0) {
+        out.error = std::string("NEURON_RT_LAUNCH_BLOCKING='") + v + "' is invalid. Accepted: 0 or 1.";
+      }
+    }
+    return out;
+  }();
+  return s;
+}
+}  // namespace
+
+bool launch_blocking() noexcept { return blocking_setting().blocking; }
+const std::string& launch_blocking_error() noexcept { return blocking_setting().error; }
+
+// ---- Streams -------------------------------------------------------------------
+
+// The executor of one stream: a queue of owning kernels and the thread that
+// runs them. Created at the stream's first enqueue; streams live for the
+// whole process, so executors (and their threads) do too.
+struct Stream::Executor {
+  std::mutex mutex;
+  std::condition_variable work;  // the executor waits for kernels
+  std::condition_variable done;  // synchronizing threads wait for completions
+  struct Queued {
+    std::unique_ptr<Kernel> kernel;
+    uint64_t correlation;
+  };
+  std::deque<Queued> queue;
+  std::vector<std::unique_ptr<Kernel>> finished;  // destroyed by callers
+  std::string error;                              // first failure not yet reported
+  bool sleeping = false;
+  int waiters = 0;
+};
 
 namespace {
 std::atomic<LaunchObserver> g_launch_observer{nullptr};
+std::atomic<CorrelationSource> g_correlation_source{nullptr};
+
+uint64_t launch_correlation() {
+  if (!g_launch_observer.load(std::memory_order_relaxed)) return 0;
+  CorrelationSource source = g_correlation_source.load(std::memory_order_relaxed);
+  return source ? source() : 0;
+}
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+// A marker in a stream: stamps the time the stream reached it (events).
+class TimeStamp final : public Kernel {
+ public:
+  explicit TimeStamp(std::shared_ptr<std::atomic<int64_t>> slot) : slot_(std::move(slot)) {}
+  const char* name() const noexcept override { return "Event record"; }
+  void run() override { slot_->store(static_cast<int64_t>(now_ns()), std::memory_order_release); }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> slot_;
+};
+
+// Holds a stream until another stream reaches a position (Event::block).
+class StreamWait final : public Kernel {
+ public:
+  StreamWait(const Stream& other, uint64_t seq) : other_(other), seq_(seq) {}
+  const char* name() const noexcept override { return "Stream wait"; }
+  void run() override { other_.wait_for(seq_); }
+
+ private:
+  const Stream& other_;
+  uint64_t seq_;
+};
 }  // namespace
 
 void set_launch_observer(LaunchObserver observer) { g_launch_observer.store(observer); }
+void set_correlation_source(CorrelationSource source) { g_correlation_source.store(source); }
 
-void Stream::launch(const std::function<void()>& fn, const char* name) {
-  if (in_bad_fork()) throw BadForkError();
-  issued_.fetch_add(1);
+Stream::Stream(int device, int64_t id) : device_(device), id_(id) {}
+
+Stream::~Stream() = default;  // streams are never destroyed (see stream_slot)
+
+Stream::Executor& Stream::executor() const {
+  if (Executor* e = executor_.load(std::memory_order_acquire)) return *e;
+  static std::mutex create;
+  std::lock_guard<std::mutex> lock(create);
+  if (Executor* e = executor_.load(std::memory_order_relaxed)) return *e;
+  auto* e = new Executor();
+  auto* self = const_cast<Stream*>(this);
+  std::thread([self, e] {
+    for (;;) {
+      std::unique_ptr<Kernel> kernel;
+      uint64_t correlation = 0;
+      bool skip = false;
+      {
+        std::unique_lock<std::mutex> lock(e->mutex);
+        if (e->queue.empty()) {
+          // Spin briefly before sleeping: back-to-back launches then cost no
+          // wake-up on either side.
+          lock.unlock();
+          for (int i = 0; i < 2000 && self->completed_.load(std::memory_order_relaxed) ==
+                                          self->issued_.load(std::memory_order_relaxed);
+               ++i) {
+            std::this_thread::yield();
+          }
+          lock.lock();
+          e->sleeping = true;
+          e->work.wait(lock, [&] { return !e->queue.empty(); });
+          e->sleeping = false;
+        }
+        kernel = std::move(e->queue.front().kernel);
+        correlation = e->queue.front().correlation;
+        e->queue.pop_front();
+        skip = !e->error.empty();
+      }
+      if (!skip) {
+        try {
+          self->run(*kernel, correlation);
+        } catch (const std::exception& ex) {
+          std::lock_guard<std::mutex> lock(e->mutex);
+          e->error = std::string("a kernel launched asynchronously on neuron:") + std::to_string(self->device_) +
+                     " (stream " + std::to_string(self->id_) + ") failed: " + kernel->name() + ": " + ex.what() +
+                     "\nKernel errors are reported at the next synchronization point; set "
+                     "NEURON_RT_LAUNCH_BLOCKING=1 to raise them where the kernel is launched.";
+        }
+      }
+      std::lock_guard<std::mutex> lock(e->mutex);
+      e->finished.push_back(std::move(kernel));
+      self->completed_.fetch_add(1, std::memory_order_release);
+      if (e->waiters > 0) e->done.notify_all();
+    }
+  }).detach();
+  executor_.store(e, std::memory_order_release);
+  return *e;
+}
+
+void Stream::run(Kernel& kernel, uint64_t correlation) {
   const auto start = std::chrono::steady_clock::now();
-  struct Retire {  // also when the kernel throws
+  struct Report {  // also when the kernel throws
     Stream* s;
     const char* name;
+    uint64_t correlation;
     std::chrono::steady_clock::time_point start;
-    ~Retire() {
+    ~Report() {
       auto ns = static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
       registry_kernel(s->device_, ns);  // neuron-top's busy time
       if (LaunchObserver observer = g_launch_observer.load(std::memory_order_relaxed)) {
-        observer({s->device_, s->id_, name, ns});
+        observer({s->device_, s->id_, name, ns, correlation});
       }
-      s->completed_.fetch_add(1);
     }
-  } retire{this, name, start};
+  } report{this, kernel.name(), correlation, start};
   DeviceAccess access;  // kernels may touch device memory (protect mode)
-  fn();
+  kernel.run();
+}
+
+void Stream::launch(const std::function<void()>& fn, const char* name) {
+  if (in_bad_fork()) throw BadForkError();
+  synchronize();  // the caller runs `fn` itself: after the queued work
+  issued_.fetch_add(1, std::memory_order_acq_rel);
+  struct Retire {
+    Stream* s;
+    ~Retire() { s->completed_.fetch_add(1, std::memory_order_release); }
+  } retire{this};
+  struct FnKernel final : Kernel {
+    const std::function<void()>& fn;
+    const char* label;
+    FnKernel(const std::function<void()>& f, const char* n) : fn(f), label(n) {}
+    const char* name() const noexcept override { return label; }
+    void run() override { fn(); }
+  } kernel(fn, name);
+  run(kernel, launch_correlation());
+}
+
+void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
+  if (in_bad_fork()) throw BadForkError();
+  if (launch_blocking()) {
+    launch([&] { kernel->run(); }, kernel->name());
+    return;
+  }
+  Executor& e = executor();
+  std::vector<std::unique_ptr<Kernel>> finished;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    e.queue.push_back({std::move(kernel), launch_correlation()});
+    issued_.fetch_add(1, std::memory_order_acq_rel);
+    finished.swap(e.finished);
+    if (e.sleeping) e.work.notify_one();
+  }
+  // `finished` is destroyed here, on the caller: kernels release tensors.
 }
 
 void Stream::wait_for(uint64_t seq) const {
-  while (completed_.load() < seq) std::this_thread::yield();
+  if (completed() >= seq) return;
+  for (int i = 0; i < 200; ++i) {  // short waits: spin
+    if (completed() >= seq) return;
+    std::this_thread::yield();
+  }
+  Executor* e = executor_.load(std::memory_order_acquire);
+  if (!e) {  // only synchronous launches: they complete on their own threads
+    while (completed() < seq) std::this_thread::yield();
+    return;
+  }
+  std::unique_lock<std::mutex> lock(e->mutex);
+  ++e->waiters;
+  e->done.wait(lock, [&] { return completed() >= seq; });
+  --e->waiters;
 }
 
-void Stream::synchronize() const { wait_for(issued()); }
+void Stream::check_error() const {
+  Executor* e = executor_.load(std::memory_order_acquire);
+  if (!e) return;
+  std::vector<std::unique_ptr<Kernel>> finished;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    finished.swap(e->finished);
+    error.swap(e->error);
+  }
+  finished.clear();
+  if (!error.empty()) throw KernelError(error);
+}
+
+void Stream::release_finished() const {
+  Executor* e = executor_.load(std::memory_order_acquire);
+  if (!e) return;
+  std::vector<std::unique_ptr<Kernel>> finished;
+  {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    finished.swap(e->finished);
+  }
+}
+
+void Stream::synchronize() const {
+  wait_for(issued());
+  check_error();
+}
 
 Stream& default_stream(int device) { return stream_slot(device, 0); }
 
@@ -138,10 +359,17 @@ std::vector<Stream*> all_streams(int device) {
 void Event::record(const Stream& stream) {
   stream_ = &stream;
   seq_ = stream.issued();
-  // Work is complete when launch() returns, so the record point is reached
-  // as soon as the earlier launches finished.
-  stream.wait_for(seq_);
-  if (timing_) time_ = std::chrono::steady_clock::now();
+  if (!timing_) return;
+  time_ns_ = std::make_shared<std::atomic<int64_t>>(-1);
+  if (stream.query() || launch_blocking()) {
+    stream.wait_for(seq_);
+    time_ns_->store(static_cast<int64_t>(now_ns()));
+  } else {
+    // Device time: stamped when the stream reaches this point. The marker is
+    // itself a launch, so the record point moves past it.
+    const_cast<Stream&>(stream).enqueue(std::make_unique<TimeStamp>(time_ns_));
+    seq_ = stream.issued();
+  }
 }
 
 bool Event::query() const {
@@ -149,14 +377,16 @@ bool Event::query() const {
 }
 
 void Event::synchronize() const {
-  if (stream_) stream_->wait_for(seq_);
+  if (!stream_) return;
+  stream_->wait_for(seq_);
+  stream_->check_error();
 }
 
 void Event::block(const Stream& stream) const {
-  // Launches run to completion in issue order, so `stream` cannot overtake
-  // the recorded position; waiting here keeps the guarantee explicit.
-  (void)stream;
-  synchronize();
+  // Work queued on `stream` after this call must not start before the
+  // recorded position of the event's stream is reached.
+  if (!stream_ || stream_ == &stream || query()) return;
+  const_cast<Stream&>(stream).enqueue(std::make_unique<StreamWait>(*stream_, seq_));
 }
 
 double Event::elapsed_ms(const Event& end) const {
@@ -166,8 +396,9 @@ double Event::elapsed_ms(const Event& end) const {
   if (!recorded() || !end.recorded()) {
     throw Error("elapsed_time needs both events to be recorded first");
   }
+  synchronize();
   end.synchronize();
-  return std::chrono::duration<double, std::milli>(end.time_ - time_).count();
+  return static_cast<double>(end.time_ns_->load() - time_ns_->load()) / 1e6;
 }
 
 int Event::device() const { return stream_ ? stream_->device() : -1; }

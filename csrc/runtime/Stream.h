@@ -1,19 +1,34 @@
 // In-order work queues (streams) and markers in them (events).
 //
-// The host runtime executes each launch synchronously on the calling thread,
-// so a stream's work is complete when launch() returns. Streams still carry
-// sequence numbers, and events record positions in them, so ordering queries
-// (Event::query, Stream::query), waits and elapsed_time keep the semantics a
-// hardware runtime with real queues would have.
+// A stream executes its work in issue order. Work comes in two forms:
+// - enqueue(kernel): the caller hands over an owning Kernel and returns at
+//   once; the stream's executor thread runs it (CUDA's kernel launch).
+//   NEURON_RT_LAUNCH_BLOCKING=1 runs it before enqueue() returns instead.
+// - launch(fn): runs `fn` on the calling thread once the queued work is done
+//   (a synchronous launch, for work whose results the caller needs now).
+// A kernel that fails on the executor does not raise at its launch: the error
+// is kept, the stream skips its remaining queued kernels, and the next
+// synchronization point of the stream (synchronize, a synchronous launch, an
+// event synchronize) raises KernelError naming the kernel, as CUDA reports
+// device-side asserts.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace neuronrt {
+
+class Kernel;  // Runtime.h
+
+// Whether launches run synchronously (NEURON_RT_LAUNCH_BLOCKING=1, read once).
+bool launch_blocking() noexcept;
+// Empty when NEURON_RT_LAUNCH_BLOCKING is valid (see check_configuration()).
+const std::string& launch_blocking_error() noexcept;
 
 class Stream {
  public:
@@ -27,35 +42,59 @@ class Stream {
   // CUDA convention: lower numbers are higher priority (0 normal, -1 high).
   int priority() const { return id_ > kPoolSize ? -1 : 0; }
 
-  // Runs `fn` in stream order. `name` (a string that outlives the call, such
-  // as an op's schema name) labels the kernel for observers (the profiler).
+  ~Stream();
+
+  // Runs `fn` on the calling thread after the work queued before it. `name`
+  // (a string that outlives the call, such as an op's schema name) labels the
+  // kernel for observers (the profiler).
   void launch(const std::function<void()>& fn, const char* name = "kernel");
+  // Queues `kernel` and returns (see the top of this file). The stream owns
+  // the kernel until it has run; it is destroyed on a thread that calls into
+  // the stream (enqueue, synchronize), never on the executor.
+  void enqueue(std::unique_ptr<Kernel> kernel);
   // Number of launches issued / completed so far.
-  uint64_t issued() const { return issued_.load(); }
-  uint64_t completed() const { return completed_.load(); }
+  uint64_t issued() const { return issued_.load(std::memory_order_acquire); }
+  uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   bool query() const { return completed() >= issued(); }
+  // Waits for all issued work; raises KernelError if a queued kernel failed.
   void synchronize() const;
   // Blocks until the launch with sequence number `seq` has completed.
   void wait_for(uint64_t seq) const;
+  // Raises KernelError for a failed queued kernel (clearing it); also frees
+  // the kernels that have run.
+  void check_error() const;
+  // Frees the kernels that have run (they hold their tensors until then),
+  // without waiting or reporting errors.
+  void release_finished() const;
 
  private:
+  struct Executor;
+  Executor& executor() const;
+  void run(Kernel& kernel, uint64_t correlation);
+
   int device_;
   int64_t id_;
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
+  mutable std::atomic<Executor*> executor_{nullptr};
 };
 
-// What the profiler sees of each launch, reported after it ran, on the
-// launching thread.
+// What the profiler sees of each launch, reported after it ran, on the thread
+// that ran it (the stream's executor for a queued kernel).
 struct LaunchRecord {
   int device;
   int64_t stream;
   const char* name;
   uint64_t duration_ns;
+  uint64_t correlation;  // the correlation source's value at launch time
 };
 // Installs (or, with nullptr, removes) the launch observer.
 using LaunchObserver = void (*)(const LaunchRecord&);
 void set_launch_observer(LaunchObserver observer);
+// Called on the launching thread at each launch while an observer is
+// installed: ties a kernel to the host operation that launched it.
+using CorrelationSource = uint64_t (*)();
+void set_correlation_source(CorrelationSource source);
 
 Stream& default_stream(int device);
 // Throws Error for an id that names no stream.
@@ -88,7 +127,8 @@ class Event {
   bool timing_;
   const Stream* stream_ = nullptr;
   uint64_t seq_ = 0;
-  std::chrono::steady_clock::time_point time_{};
+  // Set when the stream reaches the record point (timing events only).
+  std::shared_ptr<std::atomic<int64_t>> time_ns_;
 };
 
 }  // namespace neuronrt

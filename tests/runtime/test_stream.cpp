@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
 #include "csrc/runtime/Error.h"
+#include "csrc/runtime/Runtime.h"
 #include "csrc/runtime/Stream.h"
+
+#include <atomic>
+#include <functional>
+#include <thread>
 
 TEST(Stream, DefaultAndPoolStreams) {
   auto& d = neuronrt::default_stream(0);
@@ -51,4 +56,84 @@ TEST(Event, RecordQueryElapsed) {
   untimed.record(s);
   EXPECT_THROW(start.elapsed_ms(untimed), neuronrt::Error);
   EXPECT_EQ(end.device(), 0);
+}
+
+namespace {
+// A queued kernel that runs `fn`.
+class FnKernel final : public neuronrt::Kernel {
+ public:
+  explicit FnKernel(std::function<void()> fn, const char* name = "test kernel") : fn_(std::move(fn)), name_(name) {}
+  const char* name() const noexcept override { return name_; }
+  void run() override { fn_(); }
+
+ private:
+  std::function<void()> fn_;
+  const char* name_;
+};
+
+std::unique_ptr<neuronrt::Kernel> kernel(std::function<void()> fn, const char* name = "test kernel") {
+  return std::make_unique<FnKernel>(std::move(fn), name);
+}
+}  // namespace
+
+TEST(Executor, QueuedKernelsRunInOrderOnAnotherThread) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::atomic<bool> release{false};
+  std::vector<int> order;
+  std::thread::id ran_on;
+  s.enqueue(kernel([&] {
+    while (!release.load()) std::this_thread::yield();
+    ran_on = std::this_thread::get_id();
+    order.push_back(1);
+  }));
+  s.enqueue(kernel([&] { order.push_back(2); }));
+  EXPECT_FALSE(s.query());  // enqueue returned while the first kernel waits
+  release = true;
+  // A synchronous launch runs after the queued work.
+  s.launch([&] { order.push_back(3); });
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(s.query());
+}
+
+TEST(Executor, FailedKernelIsReportedAtTheNextSynchronization) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  bool later_ran = false;
+  s.enqueue(kernel([] { throw std::runtime_error("index 7 is out of bounds"); }, "aten::index_select"));
+  s.enqueue(kernel([&] { later_ran = true; }));
+  try {
+    s.synchronize();
+    FAIL() << "no KernelError";
+  } catch (const neuronrt::KernelError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::index_select: index 7 is out of bounds"), std::string::npos);
+  }
+  EXPECT_FALSE(later_ran);  // kernels queued after a failure are skipped
+  EXPECT_NO_THROW(s.synchronize());  // reported once
+  s.enqueue(kernel([&] { later_ran = true; }));
+  s.synchronize();
+  EXPECT_TRUE(later_ran);
+}
+
+TEST(Executor, EventsOrderStreamsAndTimeDeviceWork) {
+  auto& producer = neuronrt::pool_stream(0, 0);
+  auto& consumer = neuronrt::pool_stream(0, -1);
+  std::atomic<bool> release{false};
+  std::atomic<int> value{0};
+  neuronrt::Event start(true), end(true);
+  start.record(producer);
+  producer.enqueue(kernel([&] {
+    while (!release.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    value = 1;
+  }));
+  end.record(producer);
+  end.block(consumer);
+  int seen = -1;
+  consumer.enqueue(kernel([&] { seen = value.load(); }));
+  EXPECT_FALSE(end.query());
+  release = true;
+  consumer.synchronize();
+  EXPECT_EQ(seen, 1);  // the consumer waited for the producer's event
+  EXPECT_TRUE(end.query());
+  EXPECT_GE(start.elapsed_ms(end), 20.0);  // device time of the producer's kernel
 }

@@ -1,0 +1,427 @@
+// Asynchronous kernel launches.
+//
+// An op is queued on the current neuron stream, and the caller returns at
+// once, when everything the caller must see can be known without running it:
+// argument checks and the outputs' sizes, strides and dtype. Those come from
+// ATen's C++ meta functions (at::meta::*, the structured kernels' shape and
+// dtype logic; the Python meta registrations torch installs for the Meta key
+// would cost far more than the kernels), so user errors are still raised at
+// the call site. The outputs are allocated here; the queued kernel runs the
+// op's CPU out= overload (or the in-place op itself) over host aliases of
+// device memory and keeps every tensor it uses alive until it has run.
+//
+// Ops outside the table below, random ops, and ops with CPU tensor operands
+// other than scalars run synchronously (host_execute), after the work queued
+// before them. docs/runtime.md lists the table's ops.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/MetaFunctions.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "Fidelity.h"
+#include "HostExecution.h"
+#include "NeuronFunctions.h"
+#include "csrc/runtime/Runtime.h"
+
+namespace at::neuron {
+namespace {
+
+constexpr auto kNeuron = c10::DeviceType::PrivateUse1;
+
+using Args = std::vector<c10::IValue>;  // the op's arguments, tensors as meta tensors
+using Outs = std::vector<at::Tensor>;   // meta outputs
+
+enum class Mode {
+  Out,      // run the out= overload into the allocated outputs
+  InPlace,  // run the op itself; its result is its first argument
+  Copy,     // no out= overload: run the op, copy its results into the outputs
+};
+
+struct AsyncOp {
+  const char* name;
+  const char* overload;
+  Mode mode;
+  const char* out_overload;  // Mode::Out
+  Outs (*meta)(const Args&);
+};
+
+const at::Tensor& T(const Args& a, size_t i) { return a[i].toTensor(); }
+
+std::optional<std::vector<int64_t>> opt_dims(const c10::IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  return v.toIntVector();
+}
+
+std::optional<at::ScalarType> opt_dtype(const c10::IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  return v.toScalarType();
+}
+
+#define UNARY(fn)                                                                                   \
+  AsyncOp{"aten::" #fn, "", Mode::Out, "out", [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0))}; }}, \
+      AsyncOp {                                                                                     \
+    "aten::" #fn "_", "", Mode::InPlace, nullptr, [](const Args& a) -> Outs {                       \
+      at::Tensor self = T(a, 0);                                                                    \
+      at::meta::fn##_(self);                                                                        \
+      return {};                                                                                    \
+    }                                                                                               \
+  }
+
+#define BINARY(fn)                                                                                           \
+  AsyncOp{"aten::" #fn, "Tensor", Mode::Out, "out",                                                        \
+          [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1))}; }},                            \
+      AsyncOp {                                                                                              \
+    "aten::" #fn "_", "Tensor", Mode::InPlace, nullptr, [](const Args& a) -> Outs {                          \
+      at::Tensor self = T(a, 0);                                                                             \
+      at::meta::fn##_(self, T(a, 1));                                                                        \
+      return {};                                                                                             \
+    }                                                                                                        \
+  }
+
+#define BINARY_ALPHA(fn)                                                                                     \
+  AsyncOp{"aten::" #fn, "Tensor", Mode::Out, "out",                                                        \
+          [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1), a[2].toScalar())}; }},           \
+      AsyncOp {                                                                                              \
+    "aten::" #fn "_", "Tensor", Mode::InPlace, nullptr, [](const Args& a) -> Outs {                          \
+      at::Tensor self = T(a, 0);                                                                             \
+      at::meta::fn##_(self, T(a, 1), a[2].toScalar());                                                       \
+      return {};                                                                                             \
+    }                                                                                                        \
+  }
+
+#define COMPARE(fn)                                                                                          \
+  AsyncOp{"aten::" #fn, "Tensor", Mode::Out, "Tensor_out",                                                 \
+          [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1))}; }},                            \
+      AsyncOp {                                                                                              \
+    "aten::" #fn, "Scalar", Mode::Out, "Scalar_out",                                                         \
+        [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), a[1].toScalar())}; }                       \
+  }
+
+#define BITWISE(fn)                                                                                          \
+  AsyncOp {                                                                                                  \
+    "aten::" #fn, "Tensor", Mode::Out, "Tensor_out",                                                         \
+        [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1))}; }                               \
+  }
+
+// Sized by the decode and training steps of Transformers models: pointwise
+// math, matmuls, normalization pieces, softmax, reductions, cat, indexing.
+const AsyncOp kAsyncOps[] = {
+    UNARY(neg), UNARY(exp), UNARY(log), UNARY(rsqrt), UNARY(sqrt), UNARY(sigmoid), UNARY(tanh), UNARY(silu),
+    UNARY(cos), UNARY(sin), UNARY(reciprocal), UNARY(erf), UNARY(exp2), UNARY(expm1), UNARY(log1p), UNARY(floor),
+    UNARY(ceil), UNARY(trunc), UNARY(sign), UNARY(bitwise_not),
+    BINARY_ALPHA(add), BINARY_ALPHA(sub), BINARY(mul), BINARY(div), BINARY(atan2),
+    AsyncOp{"aten::maximum", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::maximum(T(a, 0), T(a, 1))}; }},
+    AsyncOp{"aten::minimum", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::minimum(T(a, 0), T(a, 1))}; }},
+    AsyncOp{"aten::pow", "Tensor_Scalar", Mode::Out, "Tensor_Scalar_out",
+            [](const Args& a) -> Outs { return {at::meta::pow(T(a, 0), a[1].toScalar())}; }},
+    AsyncOp{"aten::pow", "Tensor_Tensor", Mode::Out, "Tensor_Tensor_out",
+            [](const Args& a) -> Outs { return {at::meta::pow(T(a, 0), T(a, 1))}; }},
+    COMPARE(eq), COMPARE(ne), COMPARE(lt), COMPARE(le), COMPARE(gt), COMPARE(ge),
+    BITWISE(bitwise_and), BITWISE(bitwise_or), BITWISE(bitwise_xor),
+    AsyncOp{"aten::gelu", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::gelu(T(a, 0), a[1].toStringView())}; }},
+    AsyncOp{"aten::clamp", "", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              return {at::meta::clamp(T(a, 0), a[1].toOptional<at::Scalar>(), a[2].toOptional<at::Scalar>())};
+            }},
+    // matmuls
+    AsyncOp{"aten::mm", "", Mode::Out, "out", [](const Args& a) -> Outs { return {at::meta::mm(T(a, 0), T(a, 1))}; }},
+    AsyncOp{"aten::bmm", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::bmm(T(a, 0), T(a, 1))}; }},
+    AsyncOp{"aten::addmm", "", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              return {at::meta::addmm(T(a, 0), T(a, 1), T(a, 2), a[3].toScalar(), a[4].toScalar())};
+            }},
+    AsyncOp{"aten::baddbmm", "", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              return {at::meta::baddbmm(T(a, 0), T(a, 1), T(a, 2), a[3].toScalar(), a[4].toScalar())};
+            }},
+    // softmax and reductions
+    AsyncOp{"aten::_softmax", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::_softmax(T(a, 0), a[1].toInt(), a[2].toBool())}; }},
+    AsyncOp{"aten::_log_softmax", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::_log_softmax(T(a, 0), a[1].toInt(), a[2].toBool())}; }},
+    AsyncOp{"aten::sum", "dim_IntList", Mode::Out, "IntList_out",
+            [](const Args& a) -> Outs {
+              auto dims = opt_dims(a[1]);
+              return {at::meta::sum(T(a, 0), dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, a[2].toBool(),
+                                    opt_dtype(a[3]))};
+            }},
+    AsyncOp{"aten::mean", "dim", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              auto dims = opt_dims(a[1]);
+              return {at::meta::mean(T(a, 0), dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, a[2].toBool(),
+                                     opt_dtype(a[3]))};
+            }},
+    AsyncOp{"aten::amax", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::amax(T(a, 0), a[1].toIntVector(), a[2].toBool())}; }},
+    AsyncOp{"aten::amin", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::amin(T(a, 0), a[1].toIntVector(), a[2].toBool())}; }},
+    AsyncOp{"aten::argmax", "", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              return {at::meta::argmax(T(a, 0), a[1].toOptional<int64_t>(), a[2].toBool())};
+            }},
+    AsyncOp{"aten::cumsum", "", Mode::Out, "out",
+            [](const Args& a) -> Outs { return {at::meta::cumsum(T(a, 0), a[1].toInt(), opt_dtype(a[2]))}; }},
+    AsyncOp{"aten::any", "", Mode::Out, "all_out", [](const Args& a) -> Outs { return {at::meta::any(T(a, 0))}; }},
+    AsyncOp{"aten::all", "", Mode::Out, "all_out", [](const Args& a) -> Outs { return {at::meta::all(T(a, 0))}; }},
+    // shape and indexing
+    AsyncOp{"aten::cat", "", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              auto list = a[0].toTensorVector();
+              return {at::meta::cat(list, a[1].toInt())};
+            }},
+    AsyncOp{"aten::index_copy_", "", Mode::InPlace, nullptr,
+            [](const Args& a) -> Outs {
+              at::Tensor self = T(a, 0);
+              at::meta::index_copy_(self, a[1].toInt(), T(a, 2), T(a, 3));
+              return {};
+            }},
+    AsyncOp{"aten::index_select", "", Mode::Out, "out",
+            [](const Args& a) -> Outs {
+              // ATen has no C++ meta function for index_select: its checks
+              // and output shape (the index values are checked by the kernel).
+              const at::Tensor& self = T(a, 0);
+              const at::Tensor& index = T(a, 2);
+              int64_t dim = c10::maybe_wrap_dim(a[1].toInt(), self.dim());
+              TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+              TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+                          "index_select(): Expected dtype int32 or int64 for index");
+              auto sizes = self.sizes().vec();
+              if (self.dim() > 0) sizes[dim] = index.numel();
+              return {at::empty(sizes, self.options())};
+            }},
+    AsyncOp{"aten::fill_", "Scalar", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
+    AsyncOp{"aten::zero_", "", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
+    // the fused attention of torch.nn.functional.scaled_dot_product_attention
+    // (csrc/aten/Attention.cpp); the output layouts are the CPU kernel's
+    AsyncOp{"aten::_scaled_dot_product_flash_attention_for_cpu", "", Mode::Copy, nullptr,
+            [](const Args& a) -> Outs {
+              const at::Tensor& q = T(a, 0);
+              const at::Tensor& v = T(a, 2);
+              TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "scaled_dot_product_attention_flash_attention: expected "
+                          "4-D query, key and value");
+              const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
+              auto acc = at::toOpMathType(q.scalar_type());
+              return {at::empty({B, H, L, v.size(3)}, q.options()),
+                      at::empty({B, L, H}, q.options().dtype(acc)).transpose(1, 2)};
+            }},
+};
+
+#undef UNARY
+#undef BINARY
+#undef BINARY_ALPHA
+#undef COMPARE
+#undef BITWISE
+
+struct Entry {
+  const AsyncOp* op;
+  std::optional<c10::OperatorHandle> run;  // what the kernel runs
+};
+
+// schema -> entry, resolved once against the dispatcher.
+const std::unordered_map<const c10::FunctionSchema*, Entry>& entries() {
+  static const auto table = [] {
+    std::unordered_map<const c10::FunctionSchema*, Entry> m;
+    auto& d = c10::Dispatcher::singleton();
+    for (const AsyncOp& op : kAsyncOps) {
+      auto handle = d.findSchema({op.name, op.overload});
+      if (!handle) continue;
+      std::optional<c10::OperatorHandle> run = handle;
+      if (op.mode == Mode::Out) {
+        run = d.findSchema({op.name, op.out_overload});
+        TORCH_INTERNAL_ASSERT(run, "no out= overload ", op.out_overload, " of ", op.name);
+      }
+      m.emplace(&handle->schema(), Entry{&op, run});
+    }
+    return m;
+  }();
+  return table;
+}
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  at::Tensor m = at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type());
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return m;
+}
+
+// Whether tensor `t` can be an operand of a queued kernel: device tensors,
+// and CPU scalars (0-dim), which are snapshotted at launch.
+bool queueable(const at::Tensor& t) {
+  if (!t.defined()) return true;
+  if (t.is_neg() || t.is_conj() || t._is_zerotensor()) return false;
+  if (t.device().type() == kNeuron) return true;
+  return t.device().is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided;
+}
+
+// The kernel's operand for `t`: a host alias of device memory, or a copy of a
+// CPU scalar (the caller may change it after the launch).
+at::Tensor operand(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  if (t.device().type() == kNeuron) return host_alias(t);
+  at::Tensor c = t.clone();
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) c.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return c;
+}
+
+// Kernels run with their caller's intra-op thread count (OpenMP keeps it
+// per thread, and torch.set_num_threads sets only the caller's).
+void use_threads(int n) {
+  thread_local int current = -1;
+  if (current != n) {
+    at::set_num_threads(n);
+    current = n;
+  }
+}
+
+class OpKernel final : public neuronrt::Kernel {
+ public:
+  OpKernel(const c10::OperatorHandle& op, Mode mode, const char* name, Args args, Outs outputs)
+      : op_(op), mode_(mode), name_(name), threads_(at::get_num_threads()), args_(std::move(args)),
+        outputs_(std::move(outputs)) {}
+
+  const char* name() const noexcept override { return name_; }
+
+  void run() override {
+    try {
+      execute();
+    } catch (const c10::Error& e) {
+      // Reported at a later synchronization point: the message, not the
+      // C++ backtrace of the executor thread.
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  }
+
+ private:
+  void execute() {
+    use_threads(threads_);
+    torch::jit::Stack stack(args_);
+    if (mode_ == Mode::Out) stack.insert(stack.end(), outputs_.begin(), outputs_.end());
+    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    if (mode_ == Mode::Copy) {
+      for (size_t i = 0; i < outputs_.size(); ++i) outputs_[i].copy_(stack[i].toTensor());
+    }
+  }
+
+  c10::OperatorHandle op_;
+  Mode mode_;
+  const char* name_;
+  int threads_;
+  // Host aliases of the operands and outputs, made at launch: they keep the
+  // device storages alive until the kernel has run, and the sizes and
+  // strides of launch time (later metadata changes of the caller's tensors,
+  // e.g. an in-place transpose_, do not reach a queued kernel).
+  Args args_;
+  Outs outputs_;
+};
+
+class CopyKernel final : public neuronrt::Kernel {
+ public:
+  CopyKernel(const at::Tensor& src, const at::Tensor& dst, const char* name)
+      : src_(host_alias(src)), dst_(host_alias(dst)), name_(name), threads_(at::get_num_threads()) {}
+  const char* name() const noexcept override { return name_; }
+  void run() override {
+    use_threads(threads_);
+    dst_.copy_(src_);
+  }
+
+ private:
+  at::Tensor src_, dst_;  // host aliases (see OpKernel)
+  const char* name_;
+  int threads_;
+};
+
+}  // namespace
+
+void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& stream, const char* name) {
+  rt_call([&] { neuronrt::launch_async(stream, std::make_unique<CopyKernel>(src, dst, name)); });
+}
+
+bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  static const bool enabled = !neuronrt::launch_blocking();
+  if (!enabled || strict_mode()) return false;
+  const auto& table = entries();
+  auto it = table.find(&op.schema());
+  if (it == table.end()) return false;
+  const AsyncOp& info = *it->second.op;
+
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t begin = stack->size() - num_args;
+  Args meta_args;
+  meta_args.reserve(num_args);
+  for (size_t i = begin; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      if (!queueable(v.toTensor())) return false;
+      meta_args.emplace_back(to_meta(v.toTensor()));
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (!queueable(t)) return false;
+        list.push_back(to_meta(t));
+      }
+      meta_args.emplace_back(std::move(list));
+    } else if (v.isOptionalTensorList() || v.isGenerator()) {
+      return false;
+    } else {
+      meta_args.push_back(v);
+    }
+  }
+
+  // Checks and output metadata, on the caller: errors raise here.
+  Outs meta = info.meta(meta_args);
+  Outs outputs;
+  outputs.reserve(meta.size());
+  {
+    c10::DeviceGuard guard(device_of_index(device));
+    for (const at::Tensor& m : meta) {
+      check_supported_dtype(m.scalar_type());
+      outputs.push_back(at::empty_strided(m.sizes(), m.strides(), m.options().device(device_of_index(device))));
+    }
+  }
+
+  Args args;
+  args.reserve(num_args);
+  for (size_t i = begin; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      args.emplace_back(operand(v.toTensor()));
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(operand(t));
+      args.emplace_back(std::move(list));
+    } else {
+      args.push_back(std::move(v));
+    }
+  }
+  at::Tensor self = info.mode == Mode::InPlace ? (*stack)[begin].toTensor() : at::Tensor();
+  Outs host_outputs;
+  if (info.mode != Mode::InPlace) {
+    for (const at::Tensor& o : outputs) host_outputs.push_back(host_alias(o));
+  }
+  rt_call([&] {
+    neuronrt::launch_async(neuronrt::current_stream(device),
+                           std::make_unique<OpKernel>(*it->second.run, info.mode, schema.name().c_str(),
+                                                      std::move(args), std::move(host_outputs)));
+  });
+
+  torch::jit::drop(*stack, num_args);
+  if (info.mode == Mode::InPlace) {
+    stack->emplace_back(std::move(self));
+  } else {
+    for (at::Tensor& o : outputs) stack->emplace_back(std::move(o));
+  }
+  return true;
+}
+
+}  // namespace at::neuron

@@ -1,0 +1,213 @@
+"""Asynchronous launches (docs/runtime.md): kernels are queued on the current
+stream and the caller returns; user errors still raise at the call site,
+data-dependent kernel errors at the next synchronization point; sync points
+synchronize; streams run concurrently."""
+import pytest
+import torch
+
+from conftest import assert_same, run_python
+
+pytestmark = pytest.mark.skipif(
+    __import__("os").environ.get("NEURON_RT_LAUNCH_BLOCKING") == "1", reason="launches are synchronous in this mode"
+)
+
+
+def _long_work(a, n=12):
+    for _ in range(n):
+        a = torch.mm(a, a).clamp(-1, 1)
+    return a
+
+
+def test_launch_returns_before_the_kernel_ran():
+    a = torch.randn(768, 768, device="neuron") / 768
+    torch.neuron.synchronize()
+    stream = torch.neuron.current_stream()
+    out = _long_work(a)
+    assert not stream.query()  # twelve 768^3 matmuls are still queued
+    stream.synchronize()
+    assert stream.query()
+    assert_same(out, _long_work(a.cpu()), rtol=1e-4, atol=1e-5)
+
+
+def test_queued_ops_match_cpu():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, generator=g)
+    w = torch.randn(7, 3, generator=g)
+    idx = torch.tensor([4, 0, 2])
+    n = torch.randint(-5, 5, (5, 7), generator=g)
+    cases = [
+        lambda x, w, idx, n: torch.add(x, x.t().t(), alpha=2.5),
+        lambda x, w, idx, n: (x - 1).pow(2).mean(-1, keepdim=True).rsqrt(),
+        lambda x, w, idx, n: x.sum(0, dtype=torch.float64),
+        lambda x, w, idx, n: torch.cat([x, -x], 1).softmax(-1),
+        lambda x, w, idx, n: torch.addmm(w.sum(0), x, w, beta=0.5, alpha=2),
+        lambda x, w, idx, n: torch.index_select(x, 0, idx),
+        lambda x, w, idx, n: x.argmax(1),
+        lambda x, w, idx, n: (x > 0) | (n == 3),
+        lambda x, w, idx, n: n * 2.5,  # wrapped scalar: int tensor * float -> float32
+        lambda x, w, idx, n: x[:, 1:4] / torch.tensor(3.0, dtype=torch.float64),  # 0-dim CPU operand
+        lambda x, w, idx, n: torch.nn.functional.silu(x).cumsum(1),
+        lambda x, w, idx, n: torch.zeros(5, 7).index_copy_(0, idx, x[:3]) if x.device.type == "cpu"
+        else torch.zeros(5, 7, device="neuron").index_copy_(0, idx, x[:3]),
+    ]
+    for i, fn in enumerate(cases):
+        want = fn(x, w, idx, n)
+        got = fn(x.neuron(), w.neuron(), idx.neuron(), n.neuron())
+        assert got.dtype == want.dtype and got.shape == want.shape, i
+        assert_same(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_in_place_ops_on_views_are_ordered():
+    base = torch.arange(24.0).reshape(4, 6)
+    dev = base.neuron()
+    for t in (base, dev):
+        v = t[1:3, ::2]
+        v.mul_(10)
+        v.add_(t[0, :3])
+        t.neg_()
+        t[:, 0].zero_()
+        t.add_(1)
+    assert_same(dev, base)
+
+
+def test_operands_are_captured_at_launch():
+    # Later changes to a CPU scalar or to the metadata of a device tensor do
+    # not reach a queued kernel.
+    s = torch.tensor(2.0)
+    x = torch.arange(6.0).reshape(2, 3)
+    xd = x.neuron()
+    _long_work(torch.randn(512, 512, device="neuron") / 512, 4)  # keep the queue busy
+    y = xd * s
+    s.fill_(100.0)
+    xd.t_()
+    assert_same(y, x * 2)
+    assert xd.shape == (3, 2)
+
+
+def test_shape_errors_raise_at_the_call_site():
+    a = torch.ones(3, device="neuron")
+    b = torch.ones(4, device="neuron")
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + b
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        torch.mm(torch.ones(2, 3, device="neuron"), torch.ones(4, 2, device="neuron"))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        a.add_(torch.ones(2, 3, device="neuron"))
+
+
+def test_kernel_errors_surface_at_the_next_synchronization_point():
+    x = torch.randn(4, 3, device="neuron")
+    bad = torch.tensor([0, 7], device="neuron")
+    y = torch.index_select(x, 0, bad)  # queued: the index values are data
+    z = x * 2  # skipped after the failure
+    with pytest.raises(torch.AcceleratorError, match=r"aten::index_select.*index out of range") as info:
+        torch.neuron.synchronize()
+    assert "NEURON_RT_LAUNCH_BLOCKING=1" in str(info.value)
+    del y, z
+    # Reported once; the stream works afterwards.
+    torch.neuron.synchronize()
+    assert_same(x + 1, x.cpu() + 1)
+    # .item() and .cpu() are synchronization points too.
+    torch.index_select(x, 0, bad)
+    with pytest.raises(torch.AcceleratorError, match="index_select"):
+        x.sum().item()
+
+
+def test_launch_blocking_raises_kernel_errors_at_the_call():
+    code = """
+import torch
+x = torch.randn(4, 3, device="neuron")
+try:
+    torch.index_select(x, 0, torch.tensor([9], device="neuron"))
+except IndexError as e:
+    print("raised at call:", type(e).__name__)
+"""
+    out = run_python(code, env={"NEURON_RT_LAUNCH_BLOCKING": "1"}).stdout
+    assert "raised at call: IndexError" in out
+
+
+def test_malformed_launch_blocking_is_a_clear_error():
+    code = """
+import torch
+try:
+    torch.ones(1, device="neuron")
+except ValueError as e:
+    print(e)
+"""
+    out = run_python(code, env={"NEURON_RT_LAUNCH_BLOCKING": "yes"}).stdout
+    assert "NEURON_RT_LAUNCH_BLOCKING='yes' is invalid. Accepted: 0 or 1." in out
+
+
+def test_two_streams_run_concurrently():
+    # Device time of the same work on two streams, stamped by the streams
+    # themselves: the intervals overlap (the executors run side by side).
+    a = torch.randn(512, 512, device="neuron") / 512
+    torch.neuron.synchronize()
+    streams = [torch.neuron.Stream(), torch.neuron.Stream()]
+    marks, outs = [], []
+    for s in streams:
+        with torch.neuron.stream(s):
+            start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+            start.record()
+            outs.append(_long_work(a, 8))
+            end.record()
+            marks.append((start, end))
+    torch.neuron.synchronize()
+    (s0, e0), (s1, e1) = marks
+    assert s0.elapsed_time(e0) > 0 and s1.elapsed_time(e1) > 0
+    assert s0.elapsed_time(s1) < s0.elapsed_time(e0)  # stream 1 started before stream 0 ended
+    assert_same(outs[0], outs[1].cpu())
+
+
+def test_wait_stream_orders_a_consumer_after_its_producer():
+    producer, consumer = torch.neuron.Stream(), torch.neuron.Stream()
+    a = torch.randn(512, 512, device="neuron") / 512
+    torch.neuron.synchronize()
+    with torch.neuron.stream(producer):
+        y = _long_work(a, 6) + 1
+    consumer.wait_stream(producer)
+    with torch.neuron.stream(consumer):
+        z = y * 2
+    y.record_stream(consumer)
+    del y
+    with torch.neuron.stream(producer):  # may reuse y's block only after z is computed
+        junk = torch.full((512, 512), 7.0, device="neuron")
+    consumer.synchronize()
+    assert_same(z, (_long_work(a.cpu(), 6) + 1) * 2, rtol=1e-4, atol=1e-5)
+    del junk
+
+
+def test_memory_of_finished_kernels_is_released():
+    torch.neuron.synchronize()
+    before = torch.neuron.memory_allocated()
+    x = torch.randn(256, 256, device="neuron")
+    y = torch.mm(x, x) + 1
+    del x, y
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() == before
+
+
+def test_pending_kernels_release_memory_before_oom():
+    code = """
+import torch
+MiB = 1 << 20
+x = torch.ones(4 * MiB // 4, device="neuron")      # 4 MiB
+for i in range(40):                                  # 40 x 8 MiB through a 32 MiB device
+    y = torch.cat([x, x]) * i
+    del y
+torch.neuron.synchronize()
+print("ok", torch.neuron.memory_stats()["num_ooms"])
+"""
+    out = run_python(code, env={"NEURON_RT_HBM_BYTES": str(32 << 20)}).stdout
+    assert "ok 0" in out
+
+
+def test_non_blocking_copy_to_pinned_memory():
+    x = torch.randn(1024, 256, device="neuron")
+    y = _long_work(x[:256] / 256, 3)
+    host = torch.empty(256, 256).pin_memory()
+    host.copy_(y, non_blocking=True)
+    ev = torch.neuron.Event()
+    ev.record()
+    ev.synchronize()
+    torch.testing.assert_close(host, _long_work(x.cpu()[:256] / 256, 3), rtol=1e-4, atol=1e-5)
