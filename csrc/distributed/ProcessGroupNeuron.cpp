@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "csrc/aten/HostExecution.h"
+#include "csrc/runtime/Stream.h"
 
 namespace c10d {
 
@@ -35,7 +36,11 @@ bool gloo_has_dtype(at::ScalarType t) {
 }
 
 // A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
+// Launches are asynchronous: the transport (and our scratch copies) read and
+// write the alias on the host, so the work queued on the caller's current
+// stream, which produces or still uses `t`, must have run first.
 at::Tensor host_view(const at::Tensor& t) {
+  if (t.defined() && t.device().is_privateuseone()) neuronrt::current_stream(t.device().index()).synchronize();
   return at::neuron::host_alias(t);
 }
 
@@ -123,7 +128,7 @@ void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op,
 at::Scalar premul_factor(const ReduceOp& op) {
   auto sup = c10::dynamic_intrusive_pointer_cast<PreMulSumSupplement>(op.supplement_);
   TORCH_CHECK(sup, "ReduceOp.PREMUL_SUM has no factor: create it with torch.distributed._make_nccl_premul_sum");
-  if (sup->tensor_factor.defined()) return at::neuron::host_alias(sup->tensor_factor).reshape({}).item();
+  if (sup->tensor_factor.defined()) return host_view(sup->tensor_factor).reshape({}).item();
   return sup->double_factor;
 }
 
@@ -301,9 +306,8 @@ bool ProcessGroupNeuron::WorkNeuron::wait(std::chrono::milliseconds timeout) {
                                                " ms (the peer may have hung or exited)"));
   }
   if (exception_) std::rethrow_exception(exception_);
-  // Streams: launches are synchronous today, so the outputs are ready. Once
-  // they are asynchronous, block the current neuron stream on an event
-  // recorded when the transport finished.
+  // Streams: the transport wrote the outputs on the host before completing,
+  // and kernels launched after this returns are queued behind it.
   return true;
 }
 
@@ -404,9 +408,8 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
   auto work = c10::make_intrusive<WorkNeuron>(rank_, type, seq, std::move(describe), timeout, std::move(outputs),
                                               std::move(devices), error_);
   work->watchdog_ = watchdog_;
-  // Streams: kernel launches are synchronous today, so the inputs are ready
-  // here. Once they are asynchronous, record an event on the current stream
-  // and let the transport wait for it before touching the buffers.
+  // Streams: host_view() synchronized the caller's current stream, so the
+  // inputs are written and no queued kernel still uses the buffers.
   c10::intrusive_ptr<Work> transport = run();
   track(work, std::move(transport), std::move(after));
   return work;
@@ -1027,8 +1030,8 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tenso
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::barrier(const BarrierOptions& opts) {
   // opts.device (from device_ids or the bound device) names the device whose
-  // queued work must finish first; launches are synchronous today, so Gloo's
-  // barrier is the whole of it.
+  // queued work must finish first.
+  if (opts.device && opts.device->is_privateuseone()) neuronrt::current_stream(opts.device->index()).synchronize();
   return launch(OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
 }
 
