@@ -14,7 +14,7 @@ Variants (step = one call of the workload's step, then ``synchronize``):
 
 * ``eager-neuron``    -- eager on ``neuron``
 * ``neuron``          -- ``torch.compile(m, backend="neuron")`` on ``neuron``
-* ``inductor-neuron`` -- ``torch.compile(m)`` (default Inductor, routed to the neuron lowering)
+* ``inductor-neuron`` -- ``torch.compile(m)`` (default Inductor: the same lowering as ``backend="neuron"``)
 * ``eager-cpu``       -- eager on CPU
 * ``inductor-cpu``    -- ``torch.compile(m)`` on CPU
 

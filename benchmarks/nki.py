@@ -12,7 +12,7 @@ Variants, timed in alternating rounds in one process (ratios from one run):
 
 * ``eager``     -- the PyTorch code, op by op on ``neuron``
 * ``compiled``  -- ``torch.compile(code, backend="neuron")``
-* ``nki``       -- the kernel on the native executor (nki/_native.py)
+* ``nki``       -- the kernel on the native executor (csrc/runtime/nki, lowered by nki/_native.py)
 * ``interp``    -- the kernel on the Python interpreter (``NKI_EXECUTOR=interpreter``),
   the executor before the native one; fewer samples (``--interp-samples``, 0 skips it)
 

@@ -134,7 +134,9 @@ class Kernel:
                 if n == 0:
                     result = r
         _trace.check_returned(result)
-        return _trace.Program(tracer.storages, tracer.instrs, result, tracer.target)
+        program = _trace.Program(tracer.storages, tracer.instrs, result, tracer.target)
+        program.name = getattr(self.fn, "__name__", "kernel")  # the launch's name (profiler, errors)
+        return program
 
     # -- launch ---------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -189,6 +191,10 @@ def _run_torch(program, tensors):
         return result
     if device.type != "neuron":
         raise NKIError(f"nki.jit: torch tensors must be on 'neuron' (or 'cpu'), got '{device.type}'")
+    native = _native.plan(program, _precise())
+    if native is not None:  # one runtime launch on the current stream, over device memory
+        native.run(_bind_storages(program, {n: t for n, t in tensors}, outs))
+        return result
     from torch_neuronx import _C
     index = device.index if device.index is not None else torch.neuron.current_device()
     host = {n: _C._host_alias(t) for n, t in tensors}
@@ -234,20 +240,20 @@ def _bind_storages(program, args, outs):
 
 
 def _execute(program, bound, outs):
-    # Fresh outputs hold the NaN sentinel, as every new buffer does. Filled
-    # here, inside the launch: it is device work like the kernel itself.
-    # No autograd: kernels write into their arguments in place (autograd
-    # for a kernel comes from nki_op(...).register_autograd).
+    # Fresh outputs hold the NaN sentinel, as every new buffer does (the
+    # native program fills them itself). Filled here, inside the launch: it
+    # is device work like the kernel itself. No autograd: kernels write into
+    # their arguments in place (autograd for a kernel comes from
+    # nki_op(...).register_autograd).
     with torch.no_grad():
         precise = _precise()
         native = _native.plan(program, precise)
-        for sid in outs:
-            if native is None or sid not in native.covered:  # (unobservable when all of it is written)
-                bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
         if native is not None:
             native.run(bound)
-        else:
-            execute(program, bound, precise)
+            return
+        for sid in outs:
+            bound[sid].fill_(_dtypes.sentinel(bound[sid].dtype))
+        execute(program, bound, precise)
 
 
 def jit(fn=None, mode=None, platform_target=None, **options):

@@ -1,12 +1,12 @@
 """Native execution of traced programs.
 
-``nki/_native.cpp`` is one C++ executor for every program: it runs a lowered
-program (a table of instruction records: opcode, ALU/activation function,
-strided views of the buffers) partition row by partition row with
-vectorised inner loops, all instructions in one call. It is compiled once
-with Inductor's C++ toolchain (``CppCodeCache``, cached on disk by source
-hash and flags), so no per-kernel compilation: lowering a program is a pass
-in Python at its first launch.
+The runtime's NKI executor (csrc/runtime/nki, C++ without torch) runs a
+lowered program: a table of instruction records (opcode, ALU/activation
+function, strided views of the buffers), partition row by partition row with
+vectorised inner loops, all instructions in one kernel launch on the current
+neuron stream. This module is the lowering, a pass in Python at a program's
+first launch; ``torch_neuronx._C._NkiProgram`` checks the table once and
+runs it over the tensors' memory.
 
 Results are bit-identical to the interpreter (nki/_exec.py), which stays the
 reference and the fallback: a program with an instruction the executor does
@@ -17,14 +17,14 @@ chooses: ``auto`` (default), ``native`` (an uncovered program raises) or
 On-chip buffers live in one arena: each storage gets an offset that no other
 storage uses during its lifetime, so a loop's tiles reuse the same (cached)
 memory. A buffer whose first use does not overwrite all of it is filled with
-the NaN sentinel first, as the interpreter's fresh buffers are; a
-destination nothing reads afterwards is not stored."""
-import ctypes
+the NaN sentinel first, as the interpreter's fresh buffers are (outputs too,
+unless the kernel writes all of them); a destination nothing reads afterwards
+is not stored."""
 import math
 import os
 import platform
-import threading
-import warnings
+
+import numpy as np
 
 import torch
 
@@ -35,12 +35,19 @@ from ._tensor import NkiTensor, _contiguous_strides
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
-OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED = range(7)
+OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM = range(9)
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
                                       "not_equal", "greater", "greater_equal", "less", "less_equal"])}
-_FN = {"copy": 0, "identity": 0, "square": 1, "relu": 2, "rsqrt": 3, "sqrt": 4, "reciprocal": 5, "abs": 6,
-       "negative": 7}
+# Activation functions (csrc/runtime/nki/Program.h). EXACT_FN are bit-identical
+# to the interpreter; the others use libm (sqrt: correctly rounded, which torch's
+# vectorised sqrt is not always) and agree within a few ulp (docs/nki.md).
+_FN_NAMES = ["copy", "square", "relu", "rsqrt", "sqrt", "reciprocal", "abs", "negative", "ceil", "floor", "trunc",
+             "exp", "log", "tanh", "sigmoid", "silu", "gelu", "gelu_apprx_tanh", "softplus", "mish", "erf", "sin",
+             "cos", "tan", "arctan"]
+_FN = {n: i for i, n in enumerate(_FN_NAMES)}
+_FN["identity"] = 0
+EXACT_FN = (set(_FN_NAMES[:11]) | {"identity"}) - {"sqrt"}
 _CMD = {"idle": 0, "reduce": 2, "reset_reduce": 3, "reset": 4}
 _ENGINE = {"vector": 0, "scalar": 1}
 _ALIGN = 64
@@ -57,41 +64,20 @@ def mode():
     return m
 
 
-# -- the compiled executor -------------------------------------------------
-_lib = None
-_lib_lock = threading.Lock()
-
-
-def _sum_lanes():
+def _check_machine():
     # torch's CPU sum accumulates Vectorized<float>::size() lanes: its order
     # is part of the result, and the executor reproduces it. Its sum kernel
-    # has no AVX512 build (REGISTER_DISPATCH), so x86 runs the 8-lane one.
+    # has no AVX512 build (REGISTER_DISPATCH), so x86 runs the 8-lane one,
+    # which the executor implements; other machines use the interpreter.
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise Unsupported(f"{platform.machine()} (the executor reproduces x86 sums)")
-    return 8
 
 
-def library():
-    global _lib
-    if _lib is None:
-        with _lib_lock:
-            if _lib is None:
-                from torch._inductor.codecache import CppCodeCache
-                with open(os.path.join(os.path.dirname(__file__), "_native.cpp")) as f:
-                    src = f"#define NKI_SUM_LANES {_sum_lanes()}\n" + f.read()
-                # Inductor turns gcc's loop vectoriser off (its kernels use at::vec);
-                # this file relies on it. Signed zeros are part of bit identity.
-                lib = CppCodeCache.load(src, extra_flags=("-ftree-loop-vectorize", "-fsigned-zeros"))
-                fn = lib.nki_run
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-                layout = (ctypes.c_int64 * 4)()
-                lib.nki_layout(layout)
-                if tuple(layout) != (MAX_DIMS, MAX_VIEWS, HEADER, RECORD):
-                    raise RuntimeError(f"nki/_native.cpp layout {tuple(layout)} does not match _native.py")
-                _lib = lib
-    return _lib
+def _layout():
+    from torch_neuronx import _C
+    if tuple(_C._nki_layout) != (MAX_DIMS, MAX_VIEWS, HEADER, RECORD):
+        raise RuntimeError(f"the runtime's NKI record layout {_C._nki_layout} does not match nki/_native.py")
+    return _C
 
 
 # -- lowering --------------------------------------------------------------
@@ -114,6 +100,7 @@ class _Lowering:
             self.dtypes[st.id] = dtype
         self.words, self.imms = [], []
         self.access = []  # per record: (written views, read views)
+        self.psum = {}  # PSUM storage id -> which elements were written
 
     def view(self, v):
         if v.ndim > MAX_DIMS or v.ndim == 0:
@@ -158,8 +145,31 @@ def _operand(low, x, views):
     return -1, float(torch.tensor(float(x), dtype=torch.float32))
 
 
+def _elements(v):
+    """Flat element indices of a view (numpy), to track PSUM writes."""
+    base = np.arange(v.storage.numel, dtype=np.int64)
+    return np.lib.stride_tricks.as_strided(base[v.offset:], v.shape, [s * 8 for s in v.strides]).reshape(-1)
+
+
+def _lower_matmul(low, a):
+    dst, st, mv = a["dst"], a["stationary"], a["moving"]
+    add = a["accumulate"]
+    if add is None:
+        # The first write to a PSUM element since its allocation overwrites,
+        # later ones add: decided here, per instruction, from the trace.
+        written = low.psum.get(dst.storage.id)
+        hit = written[_elements(dst)] if written is not None else np.zeros(1, bool)
+        if hit.all() != hit.any():
+            raise Unsupported("a matmul into a partly written PSUM tile")
+        add = bool(hit.all())
+    low.emit(OP_MM, [dst, st, mv], [0, 0, int(add)])
+    return dst, [st, mv]
+
+
 def _lower_instr(low, ins, ir, dead):
     kind, a = ir
+    if kind == "matmul":
+        return _lower_matmul(low, a)
     if kind == "copy":
         dst, src = a["dst"], a["src"]
         low.emit(OP_COPY, [dst, src])
@@ -401,8 +411,8 @@ class NativeProgram:
                 if sid in bound or sid in filled or sid in subst:
                     continue
                 filled.add(sid)
-                whole = dst is not None and dst.storage.id == sid and dst.is_contiguous() and dst.offset == 0 \
-                    and dst.size == t.storage.numel and all(s.storage.id != sid for s in srcs)
+                whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
+                    all(s.storage.id != sid for s in srcs)
                 if not whole:
                     st = t.storage
                     shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
@@ -411,8 +421,39 @@ class NativeProgram:
             d = ir[1]["dst"].storage.id
             dead = d not in bound and last[d] == i
             _lower_instr(low, ins, ir, dead)
+            for v in low.access[-1][0]:
+                if v.storage.buffer.name == "psum":
+                    m = low.psum.setdefault(v.storage.id, np.zeros(v.storage.numel, bool))
+                    m[_elements(v)] = True
+        # Outputs every element of which the kernel writes need no NaN fill first.
+        spans = {}
+        for outs, _ins in low.access:
+            for v in outs:
+                if v.storage.id in bound and v.is_contiguous():
+                    spans.setdefault(v.storage.id, []).append((v.offset, v.offset + v.size))
+        self.covered, done_fill = set(), set()
+        for sid, sp in spans.items():
+            end = 0
+            for a, b in sorted(sp):
+                if a > end:
+                    break
+                end = max(end, b)
+            if end >= program.storages[sid].numel:
+                self.covered.add(sid)
+        # The others hold the NaN sentinel where the kernel does not write, as
+        # on the interpreter: filled first, in the same launch.
+        fills = 0
+        for t in program.outputs():
+            st = t.storage
+            if st.id not in self.covered and st.id not in done_fill:
+                done_fill.add(st.id)
+                low.emit(OP_FILL, [NkiTensor(st, (st.numel,), _check=False)], imms=(_dtypes.sentinel(st.dtype),))
+                fills += 1
+        if fills:
+            for lst in (low.words, low.imms, low.access):
+                lst[:] = lst[-fills:] + lst[:-fills]
         _schedule(low)
-        # Records of one barrier-free stretch run row-interleaved (nki_run); a
+        # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a
         # loop's next iteration (a record writing an arena slot that another
         # storage used in this stretch) starts a new group (w[15]), so rows of
         # different iterations (a fixed stride apart in memory) do not compete
@@ -429,51 +470,27 @@ class NativeProgram:
             for v in outs:
                 if v.storage.id in self.offsets:
                     owner[self.offsets[v.storage.id]] = v.storage.id
-        # Outputs every element of which the kernel writes need no NaN fill first.
-        spans = {}
-        for outs, _ins in low.access:
-            for v in outs:
-                if v.storage.id in bound and v.is_contiguous():
-                    spans.setdefault(v.storage.id, []).append((v.offset, v.offset + v.size))
-        self.covered = set()
-        for sid, sp in spans.items():
-            end = 0
-            for a, b in sorted(sp):
-                if a > end:
-                    break
-                end = max(end, b)
-            if end >= program.storages[sid].numel:
-                self.covered.add(sid)
-        self.max_free = max([1] + [math.prod(v.shape[1:]) for w, r in low.access for v in w + r])
         self.ninstr = len(low.words)
         self.words = torch.tensor(low.words, dtype=torch.int64).reshape(-1)
-        self.imms = torch.tensor(low.imms, dtype=torch.float64).reshape(-1)
+        imms = torch.tensor(low.imms, dtype=torch.float64).reshape(-1)
         nbuf = max(program.storages) + 1 if program.storages else 1
-        self.dtypes = torch.tensor([_DTYPES[low.dtypes[s]] if s in low.dtypes else 0 for s in range(nbuf)],
-                                   dtype=torch.int64)
-        self.nbuf = nbuf
+        buffers = []
+        for sid in range(nbuf):
+            st = program.storages.get(sid)
+            if sid in bound:
+                buffers.append((_DTYPES[low.dtypes[sid]], st.numel, -1))
+            elif sid in self.offsets:
+                buffers.append((_DTYPES[low.dtypes[sid]], st.numel, self.offsets[sid]))
+            else:  # unused, or replaced by the tensor it was loaded from
+                buffers.append((0, 0, 0))
+        self.prog = _layout()._NkiProgram(self.words, imms, buffers, self.arena_bytes,
+                                          getattr(program, "name", "kernel"))
 
     def run(self, bound):
-        lib = library()
-        arena = _arena(self.arena_bytes)
-        base = arena.data_ptr()
-        ptrs = (ctypes.c_void_p * self.nbuf)()
-        for sid, off in self.offsets.items():
-            ptrs[sid] = base + off
-        for sid in self.bound:
-            t = bound[sid]
-            if t.dtype not in _DTYPES or not t.is_contiguous():
-                raise NKIError(f"nki native executor: bound buffer {sid} is {t.dtype}")
-            ptrs[sid] = t.data_ptr()
-        threads = torch.get_num_threads()
-        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in
-                       (bound[sid] for sid in self.bound))
-        if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
-            threads = 1  # aliased arguments: the schedule assumes distinct HBM tensors
-        rc = lib.nki_run(self.words.data_ptr(), self.imms.data_ptr(), self.ninstr, ctypes.addressof(ptrs),
-                         self.dtypes.data_ptr(), threads, self.max_free)
-        if rc != 0:
-            raise NKIError(f"nki native executor failed ({rc})")
+        """Runs the program over ``bound`` (storage id -> flat tensor): one
+        launch on the current stream of their neuron device, or in place on
+        CPU memory."""
+        self.prog.run([bound[sid] for sid in self.bound], torch.get_num_threads())
 
 
 def _aligned(v, P):
@@ -506,6 +523,8 @@ def _schedule(low):
         rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
         if w[0] == OP_COPY:
             rowwise = rowwise and outs[0].storage.id != ins[0].storage.id
+        elif w[0] == OP_MM:
+            rowwise = False  # reads every partition of its inputs
         elif w[0] == OP_FILL:
             rowwise = outs[0].storage.buffer.on_chip
         if not rowwise:
@@ -531,20 +550,10 @@ def _peek(ins):
     kind, a = ins.ir
     if kind in ("copy",):
         return a["dst"], [a["src"]]
-    srcs = [v for k, v in a.items() if k != "dst" and _is_tensor(v)]
+    if kind == "matmul":  # an accumulating matmul reads its destination
+        return a["dst"], [a["stationary"], a["moving"]] + ([a["dst"]] if a["accumulate"] is not False else [])
+    srcs = [v for k, v in a.items() if k not in ("dst", "reduce_res") and _is_tensor(v)]  # reduce_res: written
     return a["dst"], srcs
-
-
-_arenas = threading.local()
-
-
-def _arena(nbytes):
-    # Reused across launches: large fresh allocations would be page-faulted in each time.
-    a = getattr(_arenas, "buf", None)
-    if a is None or a.numel() < nbytes:
-        a = torch.empty(nbytes, dtype=torch.uint8)
-        _arenas.buf = a
-    return a
 
 
 def plan(program, precise):
@@ -556,13 +565,10 @@ def plan(program, precise):
     key = bool(precise)
     if key not in cache:
         try:
+            _check_machine()
             cache[key] = NativeProgram(program, precise)
-            library()
         except Unsupported as e:
             cache[key] = e
-        except Exception as e:  # no compiler: the interpreter still runs everything
-            warnings.warn(f"nki: the native executor is unavailable ({e}); using the interpreter")
-            cache[key] = Unsupported(str(e))
     r = cache[key]
     if isinstance(r, Unsupported):
         if m == "native":

@@ -180,7 +180,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if add:
             r = cur.to(torch.float32) + r
         env.write(dst, r)
-    _trace.record(instr, run, dst, stationary, moving)
+    _trace.record(instr, run, dst, stationary, moving,
+                  ir=("matmul", {"dst": dst, "stationary": stationary, "moving": moving, "accumulate": accumulate}))
 
 
 def nc_transpose(dst, data, engine=None, name=None, **kw):

@@ -59,10 +59,6 @@ from . import distributed as _distributed  # noqa: E402
 
 _distributed._register()
 
-from . import _compile_hook  # noqa: E402
-
-_compile_hook.install()
-
 import atexit  # noqa: E402
 
 # Before finalization: let the autograd engine's neuron threads go idle (see

@@ -56,7 +56,9 @@ def _create_backend(backend_opts, pg_options):
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"neuron/gloo/{attempt}/", backend_opts.store)
     transport = dist.ProcessGroupGloo(store, backend_opts.group_rank, backend_opts.group_size, timeout)
-    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options)
+    # The store also carries the intra-node shared-memory rendezvous (C++).
+    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options,
+                              store=backend_opts.store)
 
 
 def _register():

@@ -3,12 +3,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/thread_name.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
 #include "csrc/aten/HostExecution.h"
+#include "csrc/aten/NeuronFunctions.h"
+#include "csrc/runtime/ShmCollectives.h"
 #include "csrc/runtime/Stream.h"
 
 namespace c10d {
@@ -36,11 +40,14 @@ bool gloo_has_dtype(at::ScalarType t) {
 }
 
 // A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
-// Launches are asynchronous: the transport (and our scratch copies) read and
-// write the alias on the host, so the work queued on the caller's current
-// stream, which produces or still uses `t`, must have run first.
+// Launches are asynchronous: besides the transport (launch() synchronizes
+// for it), scratch copies and PREMUL_SUM factors are read on the host before
+// launch(), so the work queued on the caller's current stream, which
+// produces or still uses `t`, runs first here too.
 at::Tensor host_view(const at::Tensor& t) {
-  if (t.defined() && t.device().is_privateuseone()) neuronrt::current_stream(t.device().index()).synchronize();
+  if (t.defined() && t.device().is_privateuseone()) {
+    at::neuron::rt_call([&] { neuronrt::current_stream(t.device().index()).synchronize(); });
+  }
   return at::neuron::host_alias(t);
 }
 
@@ -235,6 +242,51 @@ void note_error(std::atomic<ErrorType>& sink, ErrorType type) {
   sink.compare_exchange_strong(expected, type);
 }
 
+// The shared-memory engine's element type for `t`, if it reduces it.
+std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return neuronrt::ShmDtype::Float32;
+    case at::kDouble: return neuronrt::ShmDtype::Float64;
+    case at::kHalf: return neuronrt::ShmDtype::Float16;
+    case at::kBFloat16: return neuronrt::ShmDtype::BFloat16;
+    case at::kChar: return neuronrt::ShmDtype::Int8;
+    case at::kByte: return neuronrt::ShmDtype::UInt8;
+    case at::kShort: return neuronrt::ShmDtype::Int16;
+    case at::kInt: return neuronrt::ShmDtype::Int32;
+    case at::kLong: return neuronrt::ShmDtype::Int64;
+    default: return std::nullopt;
+  }
+}
+
+// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_op).
+std::optional<neuronrt::ShmReduceOp> shm_op(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: case ReduceOp::PREMUL_SUM: return neuronrt::ShmReduceOp::Sum;
+    case ReduceOp::AVG: return neuronrt::ShmReduceOp::Avg;
+    case ReduceOp::MIN: return neuronrt::ShmReduceOp::Min;
+    case ReduceOp::MAX: return neuronrt::ShmReduceOp::Max;
+    case ReduceOp::PRODUCT: return neuronrt::ShmReduceOp::Product;
+    default: return std::nullopt;
+  }
+}
+
+// Whether the engine reduces `t` with `op` (dtype after widening; AVG only
+// for floating types, which check_reduction already enforced).
+bool shm_reduces(const at::Tensor& t, const ReduceOp& op) {
+  const auto dtype = widened(t.scalar_type()).value_or(t.scalar_type());
+  const auto d = shm_dtype(dtype);
+  const auto o = shm_op(op.op_);
+  return d && o && neuronrt::shm_supports(*d, *o);
+}
+
+// The engine moves bytes for all_gather: any dtype whose elements have a size.
+bool shm_moves(const at::Tensor& t) {
+  return t.defined() && !t.is_sparse() && t.element_size() > 0;
+}
+
+std::string store_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> store_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
 }  // namespace
 
 // ---- WorkNeuron --------------------------------------------------------------
@@ -331,7 +383,7 @@ int ProcessGroupNeuron::WorkNeuron::sourceRank() const {
 // ---- ProcessGroupNeuron ---------------------------------------------------------
 
 ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size,
-                                       c10::intrusive_ptr<Options> options)
+                                       c10::intrusive_ptr<Options> options, c10::intrusive_ptr<Store> store)
     : Backend(rank, size), gloo_(std::move(gloo)), options_(std::move(options)) {
   TORCH_CHECK(gloo_, "ProcessGroupNeuron needs a transport backend");
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, "ProcessGroupNeuron: transport is rank ",
@@ -345,7 +397,46 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int ran
                       "TORCH_NEURONX_ASYNC_ERROR_HANDLING must be 0, 1, 2 or 3, got '", m, "'");
     errorHandling_ = std::stoi(m);
   }
+  setupShm(store);
   init();
+}
+
+void ProcessGroupNeuron::setupShm(const c10::intrusive_ptr<Store>& store) {
+  const char* env = std::getenv("TORCH_NEURONX_SHM");
+  if (env && std::string(env) == "0") return;
+  if (!store || size_ < 2) return;
+  // Every rank reads every rank's keys, so all reach the same decision.
+  auto s = c10::make_intrusive<PrefixStore>("neuron/shm/", store);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  s->set(c10::str("host/", rank_), store_bytes(host));
+  for (int r = 0; r < size_; ++r) {
+    if (store_string(s->get(c10::str("host/", r))) != host) return;  // spans hosts: Gloo only
+  }
+  std::unique_ptr<neuronrt::ShmCollectives> shm;
+  try {
+    if (rank_ == 0) {
+      std::string name;
+      try {
+        shm = neuronrt::ShmCollectives::create(0, size_);
+        name = shm->name();
+      } catch (const neuronrt::ShmError&) {
+      }
+      s->set("name", store_bytes(name));  // empty: rank 0 could not create it
+    } else {
+      const std::string name = store_string(s->get("name"));
+      if (!name.empty()) shm = neuronrt::ShmCollectives::attach(name, rank_, size_);
+    }
+  } catch (const neuronrt::ShmError&) {
+    shm.reset();  // e.g. same host name, other host: the segment is not there
+  }
+  s->set(c10::str("attached/", rank_), store_bytes(shm ? "1" : "0"));
+  bool all = true;
+  for (int r = 0; r < size_; ++r) all = store_string(s->get(c10::str("attached/", r))) == "1" && all;
+  // Everyone has attached (or given up): the name is no longer needed, and
+  // without it the segment goes away with the last process that maps it.
+  if (rank_ == 0 && shm) shm->unlink();
+  if (all) shm_ = std::move(shm);
 }
 
 ProcessGroupNeuron::~ProcessGroupNeuron() {
@@ -398,6 +489,23 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
                                                     std::vector<at::Tensor> outputs,
                                                     const std::function<c10::intrusive_ptr<Work>()>& run,
                                                     std::function<void()> after) {
+  const auto devices = devices_of(outputs);
+  auto work = makeWork(type, opTimeout, std::move(outputs));
+  // The transport reads and writes the buffers on its own threads: the
+  // kernels queued on the current streams (the producers of the inputs, and
+  // earlier readers of the outputs) run first. A failed queued kernel raises
+  // here, before anything moves.
+  for (const c10::Device& d : devices) {
+    at::neuron::rt_call([&] { neuronrt::current_stream(d.index()).synchronize(); });
+  }
+  c10::intrusive_ptr<Work> transport = run();
+  track(work, std::move(transport), std::move(after));
+  return work;
+}
+
+c10::intrusive_ptr<ProcessGroupNeuron::WorkNeuron> ProcessGroupNeuron::makeWork(OpType type,
+                                                                             std::chrono::milliseconds opTimeout,
+                                                                             std::vector<at::Tensor> outputs) {
   checkUsable();
   const uint64_t seq = ++seq_;
   const auto timeout = effectiveTimeout(opTimeout);
@@ -408,22 +516,55 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::mi
   auto work = c10::make_intrusive<WorkNeuron>(rank_, type, seq, std::move(describe), timeout, std::move(outputs),
                                               std::move(devices), error_);
   work->watchdog_ = watchdog_;
-  // Streams: host_view() synchronized the caller's current stream, so the
-  // inputs are written and no queued kernel still uses the buffers.
-  c10::intrusive_ptr<Work> transport = run();
-  track(work, std::move(transport), std::move(after));
   return work;
 }
 
-void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
-                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
-                               const std::vector<int64_t>& outSplits) {
-  if (!checkAgreement_ || size_ == 1) return;
-  checkUsable();
-  const bool a2a = !inSplits.empty() || !outSplits.empty();
-  const int64_t width = 4 + 2 * static_cast<int64_t>(size_);
-  at::Tensor mine = at::zeros({width}, at::kLong);
-  int64_t* p = mine.data_ptr<int64_t>();
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono::milliseconds opTimeout,
+                                                       std::vector<at::Tensor> outputs,
+                                                       const std::vector<at::Tensor>& checked, const char* kernelName,
+                                                       const ShmBody& body) {
+  auto work = makeWork(type, opTimeout, outputs);
+  watch(work);  // a timeout reaches the watchdog (TORCH_NEURONX_ASYNC_ERROR_HANDLING)
+  // The argument check travels with the collective's first step.
+  std::vector<int64_t> words;
+  std::string mismatch;
+  neuronrt::ShmCheck check;
+  if (checkAgreement_) {
+    words = agreementWords(type, checked);
+    check = {words.data(), words.size(), [&](const int64_t* all) {
+               mismatch = disagreement(words, all);
+               if (!mismatch.empty()) throw neuronrt::Error(mismatch);
+             }};
+  }
+  const auto devices = devices_of(outputs);
+  std::exception_ptr error;
+  try {
+    std::lock_guard<std::mutex> lock(shmMutex_);
+    const neuronrt::ShmCheck* c = checkAgreement_ ? &check : nullptr;
+    if (devices.empty()) {
+      body(work->timeout_, c);  // cpu tensors
+    } else {
+      // A synchronous launch: it runs after the kernels queued on the stream
+      // (the inputs' producers), and the collective is done when it returns.
+      neuronrt::current_stream(devices[0].index()).launch([&] { body(work->timeout_, c); }, kernelName);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (error && !mismatch.empty()) {
+    // Every rank failed this check together and nothing moved: raise as
+    // agree() does (the group stays usable); the work is retired unused.
+    work->complete(nullptr, {});
+    C10_THROW_ERROR(DistBackendError, c10::str(work->describe(), ": ", mismatch));
+  }
+  work->complete(error, {});
+  return work;
+}
+
+std::vector<int64_t> ProcessGroupNeuron::agreementWords(OpType type, const std::vector<at::Tensor>& tensors,
+                                                        const std::vector<int64_t>& inSplits,
+                                                        const std::vector<int64_t>& outSplits) const {
+  std::vector<int64_t> p(4 + 2 * static_cast<size_t>(size_), 0);
   p[0] = static_cast<int64_t>(type);
   p[1] = tensors.empty() ? -1 : static_cast<int64_t>(tensors[0].scalar_type());
   uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, numel) of every tensor
@@ -435,85 +576,108 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
   p[3] = static_cast<int64_t>(hash);
   for (size_t i = 0; i < inSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + i] = inSplits[i];
   for (size_t i = 0; i < outSplits.size() && i < static_cast<size_t>(size_); ++i) p[4 + size_ + i] = outSplits[i];
+  // Only all_to_all compares splits; its words say so.
+  if (!inSplits.empty() || !outSplits.empty()) p[2] = -1;
+  return p;
+}
 
-  std::vector<std::vector<at::Tensor>> all(1);
-  for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
-  std::vector<at::Tensor> in{mine};
-  const auto timeout = effectiveTimeout(opTimeout);
-  const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
-                                    ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
-                                    ", timeout ", timeout.count(), " ms)");
-  AllgatherOptions ao;
-  ao.timeout = timeout;
-  try {
-    auto fut = gloo_->allgather(all, in, ao)->getFuture();
-    // Wait on the future, not the Gloo work: abort() must release this wait.
-    auto state = abortWaits_;
-    fut->addCallback([state](c10::ivalue::Future&) {
-      { std::lock_guard<std::mutex> lock(state->mutex); }
-      state->cv.notify_all();
-    });
-    {
-      std::unique_lock<std::mutex> lock(state->mutex);
-      const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
-                                           [&] { return fut->completed() || aborted_.load(); });
-      if (!fut->completed()) {
-        if (!done) {
-          lock.unlock();
-          handleTimeout(what);
-        }
-        C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
-                                               : c10::str("timed out after ", timeout.count(), " ms"));
-      }
-    }
-    if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
-  } catch (...) {
-    const std::string msg = error_message(std::current_exception());
-    if (!aborted_.load()) note_error(*error_, classify(msg));
-    C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
-  }
-
-  auto row = [&](int r) { return all[0][r].data_ptr<int64_t>(); };
+std::string ProcessGroupNeuron::disagreement(const std::vector<int64_t>& mine, const int64_t* all) const {
+  const size_t width = mine.size();
+  const bool a2a = mine[2] == -1;
+  auto row = [&](int r) { return all + r * width; };
   bool ok = true;
   for (int r = 0; r < size_ && ok; ++r) {
     const int64_t* q = row(r);
-    ok = q[0] == p[0] && q[1] == p[1] && (a2a || (q[2] == p[2] && q[3] == p[3]));
+    ok = q[0] == mine[0] && q[1] == mine[1] && q[2] == mine[2] && (a2a || q[3] == mine[3]);
   }
   // all_to_all: what rank i sends to j is what j expects from i.
   for (int i = 0; i < size_ && ok && a2a; ++i) {
     for (int j = 0; j < size_ && ok; ++j) ok = row(i)[4 + j] == row(j)[4 + size_ + i];
   }
-  if (ok) return;
+  if (ok) return {};
   std::string ranks;
   for (int r = 0; r < size_; ++r) {
     const int64_t* q = row(r);
     ranks += c10::str("\n  rank ", r, ": ", opTypeToString(static_cast<OpType>(q[0])), " ",
                       q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
-    if (a2a) {
+    if (q[2] == -1) {
       ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
                         join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
     } else {
       ranks += c10::str(", ", q[2], " elements");
     }
   }
-  C10_THROW_ERROR(DistBackendError,
-                  c10::str(what, ": the ranks called mismatched collectives (op, dtype or sizes differ):", ranks));
+  return c10::str("the ranks called mismatched collectives (op, dtype or sizes differ):", ranks);
+}
+
+void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
+                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
+                               const std::vector<int64_t>& outSplits) {
+  if (!checkAgreement_ || size_ == 1) return;
+  checkUsable();
+  const std::vector<int64_t> p = agreementWords(type, tensors, inSplits, outSplits);
+  const int64_t width = static_cast<int64_t>(p.size());
+  const auto timeout = effectiveTimeout(opTimeout);
+  const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
+                                    ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
+                                    ", timeout ", timeout.count(), " ms)");
+  std::string mismatch;
+  if (shm_ && p.size() <= neuronrt::ShmCollectives::kExchangeWords) {
+    // Through shared memory: no Gloo round trip. This is also the step a
+    // rank meets when its peers' collective runs on the shared-memory path.
+    neuronrt::ShmCheck check{p.data(), p.size(), [&](const int64_t* all) { mismatch = disagreement(p, all); }};
+    try {
+      std::lock_guard<std::mutex> lock(shmMutex_);
+      shm_->exchange(check, timeout);
+    } catch (const neuronrt::ShmError& e) {
+      if (e.kind == neuronrt::ShmError::Kind::Timeout) handleTimeout(what);
+      if (!aborted_.load()) note_error(*error_, classify(e.what()));
+      C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", e.what()));
+    }
+  } else {
+    at::Tensor mine = at::tensor(p, at::kLong);
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
+    std::vector<at::Tensor> in{mine};
+    AllgatherOptions ao;
+    ao.timeout = timeout;
+    try {
+      auto fut = gloo_->allgather(all, in, ao)->getFuture();
+      // Wait on the future, not the Gloo work: abort() must release this wait.
+      auto state = abortWaits_;
+      fut->addCallback([state](c10::ivalue::Future&) {
+        { std::lock_guard<std::mutex> lock(state->mutex); }
+        state->cv.notify_all();
+      });
+      {
+        std::unique_lock<std::mutex> lock(state->mutex);
+        const bool done = state->cv.wait_for(lock, std::min(timeout, kMaxTimeout),
+                                             [&] { return fut->completed() || aborted_.load(); });
+        if (!fut->completed()) {
+          if (!done) {
+            lock.unlock();
+            handleTimeout(what);
+          }
+          C10_THROW_ERROR(DistBackendError, done ? std::string("the process group was aborted")
+                                                 : c10::str("timed out after ", timeout.count(), " ms"));
+        }
+      }
+      if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
+    } catch (...) {
+      const std::string msg = error_message(std::current_exception());
+      if (!aborted_.load()) note_error(*error_, classify(msg));
+      C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
+    }
+    at::Tensor rows = at::stack(all[0]).contiguous();
+    mismatch = disagreement(p, rows.data_ptr<int64_t>());
+  }
+  if (!mismatch.empty()) C10_THROW_ERROR(DistBackendError, c10::str(what, ": ", mismatch));
 }
 
 void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
                                std::function<void()> after) {
   work->transport_ = transport;
-  {
-    std::lock_guard<std::mutex> lock(pendingMutex_);
-    if (!watchdogThread_.joinable()) watchdogThread_ = std::thread(&ProcessGroupNeuron::watchdogLoop, this);
-    if (pending_.size() >= 64) {
-      std::erase_if(pending_, [](const auto& w) {
-        auto p = w.lock();
-        return !p || p->isCompleted();
-      });
-    }
-    pending_.emplace_back(work);
-  }
+  watch(work);
   // Collective works carry a future; complete ours from its callback (no
   // extra thread, no second waiter on the Gloo work).
   c10::intrusive_ptr<c10::ivalue::Future> fut;
@@ -533,6 +697,18 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
     if (!completionThread_.joinable()) completionThread_ = std::thread(&ProcessGroupNeuron::completionLoop, queue_);
   }
   queue_->cv.notify_one();
+}
+
+void ProcessGroupNeuron::watch(const c10::intrusive_ptr<WorkNeuron>& work) {
+  std::lock_guard<std::mutex> lock(pendingMutex_);
+  if (!watchdogThread_.joinable()) watchdogThread_ = std::thread(&ProcessGroupNeuron::watchdogLoop, this);
+  if (pending_.size() >= 64) {
+    std::erase_if(pending_, [](const auto& w) {
+      auto p = w.lock();
+      return !p || p->isCompleted();
+    });
+  }
+  pending_.emplace_back(work);
 }
 
 void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) {
@@ -602,6 +778,7 @@ void ProcessGroupNeuron::watchdogLoop() {
 
 void ProcessGroupNeuron::abort() {
   aborted_ = true;
+  if (shm_) shm_->abort();  // releases callers inside a shared-memory collective
   std::vector<c10::intrusive_ptr<WorkNeuron>> pending;
   {
     std::lock_guard<std::mutex> lock(pendingMutex_);
@@ -682,7 +859,7 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
       childOpts->global_ranks_in_group.push_back(g.empty() ? static_cast<uint64_t>(r) : g.at(r));
     }
     child = c10::make_intrusive<ProcessGroupNeuron>(childGloo, childGloo->getRank(), childGloo->getSize(),
-                                                    childOpts);
+                                                    childOpts, store);
   }
   lastSplitKey_ = key;
   lastSplit_ = child;
@@ -701,6 +878,17 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce");
+  if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
+    return launchShm(OpType::ALLREDUCE, opts.timeout, tensors, tensors, "c10d::allreduce_ (shm)",
+                     [this, t = tensors[0], op = opts.reduceOp](std::chrono::milliseconds timeout,
+                                                                const neuronrt::ShmCheck* check) {
+                       at::Tensor host = host_view(t);
+                       at::Tensor in = reduction_input(host, op).contiguous();
+                       shm_->all_reduce(in.data_ptr(), static_cast<size_t>(in.numel()), *shm_dtype(in.scalar_type()),
+                                        *shm_op(op.op_), timeout, check);
+                       copy_back({host}, {in})();
+                     });
+  }
   agree(OpType::ALLREDUCE, opts.timeout, tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
@@ -738,6 +926,30 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const AllgatherOptions& opts) {
+  auto shmFits = [&] {
+    if (!shm_ || inputs.size() != 1 || outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_ ||
+        !shm_moves(inputs[0])) {
+      return false;
+    }
+    for (const auto& o : outputs[0]) {
+      if (o.scalar_type() != inputs[0].scalar_type() || o.numel() != inputs[0].numel() || !o.is_contiguous()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (shmFits()) {
+    return launchShm(OpType::ALLGATHER, opts.timeout, outputs[0], inputs, "c10d::allgather_ (shm)",
+                     [this, outs = outputs[0], input = inputs[0]](std::chrono::milliseconds timeout,
+                                                                 const neuronrt::ShmCheck* check) {
+                       at::Tensor in = host_view(input).contiguous();
+                       std::vector<at::Tensor> hostOuts = host_view(outs);
+                       std::vector<void*> ptrs;
+                       for (auto& o : hostOuts) ptrs.push_back(o.data_ptr());
+                       shm_->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(in.numel()) * in.element_size(),
+                                        timeout, check);
+                     });
+  }
   agree(OpType::ALLGATHER, opts.timeout, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
@@ -747,6 +959,20 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const AllgatherOptions& opts) {
+  if (shm_ && shm_moves(input) && output.scalar_type() == input.scalar_type() &&
+      output.numel() == input.numel() * size_) {
+    return launchShm(OpType::_ALLGATHER_BASE, opts.timeout, {output}, {input}, "c10d::_allgather_base_ (shm)",
+                     [this, output, input](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
+                       at::Tensor in = host_view(input).contiguous();
+                       at::Tensor hostOut = host_view(output);
+                       at::Tensor out = hostOut.is_contiguous() ? hostOut : at::empty_like(hostOut, at::MemoryFormat::Contiguous);
+                       const size_t bytes = static_cast<size_t>(in.numel()) * in.element_size();
+                       std::vector<void*> outs;
+                       for (int r = 0; r < size_; ++r) outs.push_back(static_cast<char*>(out.data_ptr()) + r * bytes);
+                       shm_->all_gather(in.data_ptr(), outs.data(), bytes, timeout, check);
+                       if (!out.is_same(hostOut)) hostOut.copy_(out);
+                     });
+  }
   agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
@@ -813,6 +1039,20 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                       outputs[0].scalar_type());
   }
   check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
+  if (shm_ && shm_reduces(outputs[0], opts.reduceOp)) {
+    return launchShm(OpType::REDUCE_SCATTER, opts.timeout, outputs, outputs, "c10d::reduce_scatter_ (shm)",
+                     [this, output = outputs[0], ins = inputs[0], op = opts.reduceOp](std::chrono::milliseconds timeout,
+                                                                                      const neuronrt::ShmCheck* check) {
+                       std::vector<at::Tensor> flat;
+                       for (const auto& t : host_view(ins)) flat.push_back(t.reshape({-1}));
+                       at::Tensor in = reduction_input(at::cat(flat), op).contiguous();
+                       at::Tensor hostOut = host_view(output);
+                       at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
+                       shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
+                       hostOut.copy_(out.view(hostOut.sizes()));
+                     });
+  }
   agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
   // The list form runs as the flat form over one contiguous scratch input
   // (scaled or widened as needed) and a scratch output copied back.
@@ -831,6 +1071,21 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const ReduceScatterOptions& opts) {
   check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
+  if (shm_ && shm_reduces(input, opts.reduceOp) && output.scalar_type() == input.scalar_type() &&
+      input.numel() == output.numel() * size_) {
+    return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, {input},
+                     "c10d::_reduce_scatter_base_ (shm)",
+                     [this, output, input, op = opts.reduceOp](std::chrono::milliseconds timeout,
+                                                               const neuronrt::ShmCheck* check) {
+                       at::Tensor hostOut = host_view(output);
+                       at::Tensor in = reduction_input(host_view(input), op).contiguous();
+                       const bool direct = in.scalar_type() == hostOut.scalar_type() && hostOut.is_contiguous();
+                       at::Tensor out = direct ? hostOut : at::empty({hostOut.numel()}, in.options());
+                       shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(hostOut.numel()),
+                                            *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
+                       if (!direct) hostOut.copy_(out.view(hostOut.sizes()));
+                     });
+  }
   agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
   at::Tensor hostOut = host_view(output);
   at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
@@ -1031,7 +1286,9 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tenso
 c10::intrusive_ptr<Work> ProcessGroupNeuron::barrier(const BarrierOptions& opts) {
   // opts.device (from device_ids or the bound device) names the device whose
   // queued work must finish first.
-  if (opts.device && opts.device->is_privateuseone()) neuronrt::current_stream(opts.device->index()).synchronize();
+  if (opts.device && opts.device->is_privateuseone()) {
+    at::neuron::rt_call([&] { neuronrt::current_stream(opts.device->index()).synchronize(); });
+  }
   return launch(OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
 }
 

@@ -9,6 +9,13 @@
 //
 // The Gloo backend is built in Python (the torch wheel ships no gloo headers)
 // and passed in as a plain c10d::Backend.
+//
+// Intra-node fast path: when every rank of the group runs on this host, the
+// group also maps a shared-memory segment (neuronrt::ShmCollectives, set up
+// through the group's store at construction) and runs all_reduce,
+// reduce_scatter and all_gather there, and the pre-collective argument check
+// too. Gloo stays the transport for everything else and across hosts.
+// TORCH_NEURONX_SHM=0 turns the fast path off.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -19,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -26,6 +34,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+namespace neuronrt {
+class ShmCollectives;
+struct ShmCheck;
+}
 
 namespace c10d {
 
@@ -90,13 +103,18 @@ class TORCH_API ProcessGroupNeuron : public Backend {
     std::shared_ptr<Watchdog> watchdog_;  // told about transport timeouts
   };
 
-  ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size, c10::intrusive_ptr<Options> options);
+  // `store` (the group's store; optional) is where the ranks agree on the
+  // shared-memory segment; without it every collective runs on Gloo.
+  ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int rank, int size, c10::intrusive_ptr<Options> options,
+                     c10::intrusive_ptr<Store> store = nullptr);
   ~ProcessGroupNeuron() override;
 
   const std::string getBackendName() const override { return "neuron"; }
   c10::intrusive_ptr<Backend::Options> getBackendOptions() override { return options_->clone(); }
   c10::intrusive_ptr<Options> options() const { return options_; }
   c10::intrusive_ptr<Backend> transport() const { return gloo_; }
+  // Whether the intra-node shared-memory path is active for this group.
+  bool usesShm() const { return shm_ != nullptr; }
 
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<Backend> split(const c10::intrusive_ptr<Store>& store, const std::vector<int>& ranks,
@@ -158,8 +176,31 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   c10::intrusive_ptr<Work> recvChecked(std::vector<at::Tensor>& tensors, int srcRank, int tag, OpType type);
   void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
              const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {});
+  // What a rank publishes for the check, and the mismatch report (empty when
+  // every rank's words, `all` = size x words, agree).
+  std::vector<int64_t> agreementWords(OpType type, const std::vector<at::Tensor>& tensors,
+                                      const std::vector<int64_t>& inSplits = {},
+                                      const std::vector<int64_t>& outSplits = {}) const;
+  std::string disagreement(const std::vector<int64_t>& mine, const int64_t* all) const;
   void track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
              std::function<void()> after);
+  c10::intrusive_ptr<WorkNeuron> makeWork(OpType type, std::chrono::milliseconds opTimeout,
+                                          std::vector<at::Tensor> outputs);
+  void watch(const c10::intrusive_ptr<WorkNeuron>& work);
+
+  // The shared-memory path. setupShm() agrees through the store whether all
+  // ranks share this host and maps the segment (rank 0 creates it and
+  // publishes its name). launchShm() runs `body` synchronously, inside a
+  // launch on the current stream of the outputs' device, so the engine
+  // reaches device memory the way kernels do (NEURON_RT_PROTECT=1 holds).
+  void setupShm(const c10::intrusive_ptr<Store>& store);
+  // `checked` are the tensors the argument check describes (as in agree()).
+  using ShmBody = std::function<void(std::chrono::milliseconds, const neuronrt::ShmCheck*)>;
+  c10::intrusive_ptr<Work> launchShm(OpType type, std::chrono::milliseconds opTimeout, std::vector<at::Tensor> outputs,
+                                     const std::vector<at::Tensor>& checked, const char* kernelName,
+                                     const ShmBody& body);
+  std::unique_ptr<neuronrt::ShmCollectives> shm_;
+  std::mutex shmMutex_;  // one shared-memory collective at a time per group
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
   std::string ranksString() const;
   void checkUsable() const;

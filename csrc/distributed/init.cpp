@@ -27,12 +27,15 @@ void init_distributed_bindings(py::module& m) {
       .def("__deepcopy__", [](const ProcessGroupNeuron::Options& self, py::dict) { return self.clone(); });
 
   pg.def(py::init([](const c10::intrusive_ptr<c10d::Backend>& transport, int rank, int size,
-                     const c10::intrusive_ptr<ProcessGroupNeuron::Options>& options) {
-           return c10::make_intrusive<ProcessGroupNeuron>(transport, rank, size, options);
+                     const c10::intrusive_ptr<ProcessGroupNeuron::Options>& options,
+                     const c10::intrusive_ptr<c10d::Store>& store) {
+           return c10::make_intrusive<ProcessGroupNeuron>(transport, rank, size, options, store);
          }),
-         py::arg("transport"), py::arg("rank"), py::arg("size"), py::arg("options"),
+         py::arg("transport"), py::arg("rank"), py::arg("size"), py::arg("options"), py::arg("store") = nullptr,
          py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("options", &ProcessGroupNeuron::options)
+      .def_property_readonly("uses_shm", &ProcessGroupNeuron::usesShm,
+                             "whether all_reduce/reduce_scatter/all_gather use the intra-node shared-memory path")
       .def_property_readonly("_transport", &ProcessGroupNeuron::transport)
       .def("get_error", [](ProcessGroupNeuron& self) { return static_cast<int>(self.getError()); },
            "0 success, 1 timeout, 2 communication error, 3 remote error (c10d::ErrorType)");

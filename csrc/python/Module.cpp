@@ -21,6 +21,7 @@ namespace py = pybind11;
 
 namespace torch_neuronx {
 void register_memory_snapshot(py::module& m);  // MemorySnapshot.cpp
+void register_nki(py::module& m);              // Nki.cpp
 }
 
 namespace {
@@ -76,6 +77,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-neuronx native core";
   at::neuron::install_staging_allocator();
   torch_neuronx::register_memory_snapshot(m);
+  torch_neuronx::register_nki(m);
 
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
         "Registers the device kernel table; returns the registered op names.");

@@ -11,9 +11,10 @@ bool host_accessible() noexcept { return true; }
 
 namespace {
 // Before an allocation fails: queued kernels hold the tensors they use, so let
-// them run and free those that have.
+// them run and free those that have. (The allocation may come from inside a
+// synchronous launch, which is not waited for.)
 void reclaim(int device) {
-  for (Stream* s : all_streams(device)) s->wait_for(s->issued());
+  for (Stream* s : all_streams(device)) s->wait_queued();
   release_finished_kernels(device);
 }
 }  // namespace

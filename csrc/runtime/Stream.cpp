@@ -113,6 +113,11 @@ struct Stream::Executor {
 };
 
 namespace {
+// Synchronous launches the calling thread is inside of. Work such a kernel
+// launches itself (a compiled graph's aten calls) runs inline: queuing it
+// would let the executor run it concurrently with the kernel that waits for it.
+thread_local int tls_inline_depth = 0;
+
 std::atomic<LaunchObserver> g_launch_observer{nullptr};
 std::atomic<CorrelationSource> g_correlation_source{nullptr};
 
@@ -248,12 +253,16 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
     const char* name() const noexcept override { return label; }
     void run() override { fn(); }
   } kernel(fn, name);
+  struct Inline {
+    Inline() { ++tls_inline_depth; }
+    ~Inline() { --tls_inline_depth; }
+  } in_launch;
   run(kernel, launch_correlation());
 }
 
 void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   if (in_bad_fork()) throw BadForkError();
-  if (launch_blocking()) {
+  if (launch_blocking() || tls_inline_depth > 0) {
     launch([&] { kernel->run(); }, kernel->name());
     return;
   }
@@ -262,7 +271,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   {
     std::lock_guard<std::mutex> lock(e.mutex);
     e.queue.push_back({std::move(kernel), launch_correlation()});
-    issued_.fetch_add(1, std::memory_order_acq_rel);
+    last_queued_.store(issued_.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_release);
     finished.swap(e.finished);
     if (e.sleeping) e.work.notify_one();
   }

@@ -3,7 +3,8 @@
 // A stream executes its work in issue order. Work comes in two forms:
 // - enqueue(kernel): the caller hands over an owning Kernel and returns at
 //   once; the stream's executor thread runs it (CUDA's kernel launch).
-//   NEURON_RT_LAUNCH_BLOCKING=1 runs it before enqueue() returns instead.
+//   NEURON_RT_LAUNCH_BLOCKING=1 runs it before enqueue() returns instead, as
+//   does a kernel enqueued from inside a synchronous launch (nested work).
 // - launch(fn): runs `fn` on the calling thread once the queued work is done
 //   (a synchronous launch, for work whose results the caller needs now).
 // A kernel that fails on the executor does not raise at its launch: the error
@@ -63,6 +64,9 @@ class Stream {
   // Raises KernelError for a failed queued kernel (clearing it); also frees
   // the kernels that have run.
   void check_error() const;
+  // Waits for the kernels queued so far (not for a synchronous launch in
+  // progress, which may be the caller itself).
+  void wait_queued() const { wait_for(last_queued_.load(std::memory_order_acquire)); }
   // Frees the kernels that have run (they hold their tensors until then),
   // without waiting or reporting errors.
   void release_finished() const;
@@ -76,6 +80,7 @@ class Stream {
   int64_t id_;
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
+  std::atomic<uint64_t> last_queued_{0};  // sequence number of the last enqueue()
   mutable std::atomic<Executor*> executor_{nullptr};
 };
 

@@ -137,3 +137,13 @@ TEST(Executor, EventsOrderStreamsAndTimeDeviceWork) {
   EXPECT_TRUE(end.query());
   EXPECT_GE(start.elapsed_ms(end), 20.0);  // device time of the producer's kernel
 }
+
+TEST(Executor, WorkLaunchedInsideASynchronousLaunchRunsInline) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::vector<int> order;
+  s.launch([&] {
+    s.enqueue(kernel([&] { order.push_back(1); }));
+    order.push_back(2);  // the nested kernel has run: its result is usable here
+  });
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}

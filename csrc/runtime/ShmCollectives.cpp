@@ -1,0 +1,573 @@
+#include "ShmCollectives.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <type_traits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace neuronrt {
+
+// ---- segment layout ------------------------------------------------------------
+// [header page][size x control page][size x data slot]. A control page holds
+// the rank's Control and two halves of exchange() words.
+
+namespace {
+
+constexpr uint64_t kMagic = 0x314d48535852544eull;  // "NTRXSHM1"
+constexpr size_t kPage = 4096;
+// Longest deadline honoured (larger timeouts would overflow the clock).
+constexpr std::chrono::milliseconds kMaxTimeout{std::chrono::hours(24 * 365)};
+
+struct Header {
+  uint64_t magic;
+  uint64_t size;
+  uint64_t slot_bytes;
+};
+
+size_t segment_bytes(int size, size_t slot_bytes) {
+  return kPage + static_cast<size_t>(size) * (kPage + slot_bytes);
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Process-shared futex on a 32-bit word of the segment.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::microseconds timeout) {
+  struct timespec ts {};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+  ts.tv_nsec = static_cast<long>((timeout.count() % 1000000) * 1000);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+// ---- element types and reductions -------------------------------------------------
+// S is the stored type, C the type the reduction computes in. Each pairwise
+// step rounds back to S, as reducing two tensors of that dtype does (bf16,
+// fp16: through float), so results equal an element-wise reduction in ATen.
+
+template <typename T>
+struct Plain {
+  using S = T;
+  using C = T;
+  static C load(S x) { return x; }
+  static S store(C x) { return x; }
+};
+
+struct BFloat16 {
+  using S = uint16_t;
+  using C = float;
+  static C load(S x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
+  static S store(C x) {
+    if (std::isnan(x)) return 0x7FC0;
+    const uint32_t u = std::bit_cast<uint32_t>(x);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
+  }
+};
+
+struct Float16 {
+  using S = uint16_t;
+  using C = float;
+  static C load(S x) { return static_cast<float>(std::bit_cast<_Float16>(x)); }
+  static S store(C x) { return std::bit_cast<uint16_t>(static_cast<_Float16>(x)); }
+};
+
+// Integer sums and products wrap (two's complement), without signed overflow.
+template <typename C>
+using Wide = std::conditional_t<(sizeof(C) < 4), uint32_t, std::make_unsigned_t<C>>;
+
+struct Sum {
+  template <typename C>
+  static C apply(C a, C b) {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<Wide<C>>(a) + static_cast<Wide<C>>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct Product {
+  template <typename C>
+  static C apply(C a, C b) {
+    if constexpr (std::is_integral_v<C>) {
+      return static_cast<C>(static_cast<Wide<C>>(static_cast<std::make_unsigned_t<C>>(a)) *
+                            static_cast<Wide<C>>(static_cast<std::make_unsigned_t<C>>(b)));
+    } else {
+      return a * b;
+    }
+  }
+};
+// MIN/MAX propagate NaN, as torch.minimum/maximum do.
+struct Min {
+  template <typename C>
+  static C apply(C a, C b) {
+    return (a < b || a != a) ? a : b;
+  }
+};
+struct Max {
+  template <typename C>
+  static C apply(C a, C b) {
+    return (a > b || a != a) ? a : b;
+  }
+};
+
+// dst1 (and dst2 when given) = reduction over srcs[0..n) in that order.
+template <typename T, typename Op>
+void reduce_kernel(const void* const* srcs, int n, void* dst1, void* dst2, size_t count, bool average) {
+  using S = typename T::S;
+  using C = typename T::C;
+  constexpr size_t kBlock = 1024;
+  C acc[kBlock];
+  for (size_t i0 = 0; i0 < count; i0 += kBlock) {
+    const size_t m = std::min(kBlock, count - i0);
+    const S* s0 = static_cast<const S*>(srcs[0]) + i0;
+    for (size_t i = 0; i < m; ++i) acc[i] = T::load(s0[i]);
+    for (int r = 1; r < n; ++r) {
+      const S* sr = static_cast<const S*>(srcs[r]) + i0;
+      for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(acc[i], T::load(sr[i]))));
+    }
+    if constexpr (std::is_floating_point_v<C>) {
+      if (average) {
+        const C div = static_cast<C>(n);
+        for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
+      }
+    }
+    S* d1 = static_cast<S*>(dst1) + i0;
+    for (size_t i = 0; i < m; ++i) d1[i] = T::store(acc[i]);
+    if (dst2) std::memcpy(static_cast<S*>(dst2) + i0, d1, m * sizeof(S));
+  }
+}
+
+template <typename T>
+void reduce_typed(ShmReduceOp op, const void* const* srcs, int n, void* dst1, void* dst2, size_t count) {
+  switch (op) {
+    case ShmReduceOp::Sum: return reduce_kernel<T, Sum>(srcs, n, dst1, dst2, count, false);
+    case ShmReduceOp::Avg: return reduce_kernel<T, Sum>(srcs, n, dst1, dst2, count, true);
+    case ShmReduceOp::Product: return reduce_kernel<T, Product>(srcs, n, dst1, dst2, count, false);
+    case ShmReduceOp::Min: return reduce_kernel<T, Min>(srcs, n, dst1, dst2, count, false);
+    case ShmReduceOp::Max: return reduce_kernel<T, Max>(srcs, n, dst1, dst2, count, false);
+  }
+}
+
+void reduce(ShmDtype dtype, ShmReduceOp op, const void* const* srcs, int n, void* dst1, void* dst2, size_t count) {
+  switch (dtype) {
+    case ShmDtype::Float32: return reduce_typed<Plain<float>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Float64: return reduce_typed<Plain<double>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Float16: return reduce_typed<Float16>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::BFloat16: return reduce_typed<BFloat16>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Int8: return reduce_typed<Plain<int8_t>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::UInt8: return reduce_typed<Plain<uint8_t>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Int16: return reduce_typed<Plain<int16_t>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Int32: return reduce_typed<Plain<int32_t>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Int64: return reduce_typed<Plain<int64_t>>(op, srcs, n, dst1, dst2, count);
+  }
+}
+
+bool is_floating(ShmDtype d) {
+  return d == ShmDtype::Float32 || d == ShmDtype::Float64 || d == ShmDtype::Float16 || d == ShmDtype::BFloat16;
+}
+
+// Elements per rank's portion of a step of `count` elements: whole cache
+// lines, so two ranks never write the same line.
+size_t portion(size_t count, int n, size_t esize) {
+  const size_t line = std::max<size_t>(1, 64 / esize);
+  const size_t per = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
+  return (per + line - 1) / line * line;
+}
+
+}  // namespace
+
+size_t shm_dtype_size(ShmDtype dtype) noexcept {
+  switch (dtype) {
+    case ShmDtype::Float64: case ShmDtype::Int64: return 8;
+    case ShmDtype::Float32: case ShmDtype::Int32: return 4;
+    case ShmDtype::Float16: case ShmDtype::BFloat16: case ShmDtype::Int16: return 2;
+    case ShmDtype::Int8: case ShmDtype::UInt8: return 1;
+  }
+  return 1;
+}
+
+bool shm_supports(ShmDtype dtype, ShmReduceOp op) noexcept {
+  return op != ShmReduceOp::Avg || is_floating(dtype);
+}
+
+// ---- the group ------------------------------------------------------------------------
+
+struct ShmCollectives::Control {
+  alignas(64) std::atomic<uint32_t> seq;  // arrivals so far (two per step)
+  std::atomic<uint32_t> sleepers;  // waiters blocked in a futex on seq
+  std::atomic<uint32_t> aborted;  // this rank failed or aborted: stop waiting for it
+  int32_t pid;
+  uint64_t pidns;
+};
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free);
+
+ShmCollectives::ShmCollectives(std::string name, int rank, int size, void* base, size_t bytes, size_t slot_bytes)
+    : name_(std::move(name)), rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes) {
+  static_assert(sizeof(Control) <= 128 && 128 + 2 * kExchangeWords * sizeof(int64_t) <= kPage);
+  pidns_ = pid_namespace();
+  Control& me = control(rank_);
+  me.pid = static_cast<int32_t>(::getpid());
+  me.pidns = pidns_;
+}
+
+ShmCollectives::~ShmCollectives() {
+  if (base_) ::munmap(base_, bytes_);
+}
+
+std::unique_ptr<ShmCollectives> ShmCollectives::create(int rank, int size, size_t slot_bytes) {
+  if (size < 1 || rank < 0 || rank >= size) throw ShmError(ShmError::Kind::Setup, "shm: bad rank/size");
+  slot_bytes = std::max<size_t>(kPage * 2, (slot_bytes + 2 * kPage - 1) / (2 * kPage) * (2 * kPage));
+  static std::atomic<uint32_t> counter{0};
+  std::random_device rd;
+  const std::string name = "/torch_neuronx_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+                           std::to_string(rd() & 0xffffff);
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    throw ShmError(ShmError::Kind::Setup, "shm_open(" + name + ") failed: " + std::strerror(errno));
+  }
+  const size_t bytes = segment_bytes(size, slot_bytes);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw ShmError(ShmError::Kind::Setup, "ftruncate of " + name + " failed: " + std::strerror(err));
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::shm_unlink(name.c_str());
+    throw ShmError(ShmError::Kind::Setup, "mmap of " + name + " failed: " + std::strerror(err));
+  }
+  auto* header = static_cast<Header*>(base);
+  header->size = static_cast<uint64_t>(size);
+  header->slot_bytes = slot_bytes;
+  std::atomic_ref<uint64_t>(header->magic).store(kMagic, std::memory_order_release);
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(name, rank, size, base, bytes, slot_bytes));
+}
+
+std::unique_ptr<ShmCollectives> ShmCollectives::attach(const std::string& name, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) throw ShmError(ShmError::Kind::Setup, "shm: bad rank/size");
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) throw ShmError(ShmError::Kind::Setup, "shm_open(" + name + ") failed: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kPage)) {
+    ::close(fd);
+    throw ShmError(ShmError::Kind::Setup, "shared-memory segment " + name + " is not ready");
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) throw ShmError(ShmError::Kind::Setup, "mmap of " + name + " failed: " + std::strerror(errno));
+  const auto* header = static_cast<const Header*>(base);
+  const uint64_t magic = std::atomic_ref<const uint64_t>(header->magic).load(std::memory_order_acquire);
+  if (magic != kMagic || header->size != static_cast<uint64_t>(size) ||
+      segment_bytes(size, header->slot_bytes) != bytes) {
+    ::munmap(base, bytes);
+    throw ShmError(ShmError::Kind::Setup, "shared-memory segment " + name + " does not belong to a group of " +
+                                              std::to_string(size) + " ranks");
+  }
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(name, rank, size, base, bytes, header->slot_bytes));
+}
+
+void ShmCollectives::unlink() noexcept { ::shm_unlink(name_.c_str()); }
+
+ShmCollectives::Control& ShmCollectives::control(int r) const {
+  return *reinterpret_cast<Control*>(static_cast<char*>(base_) + kPage * (1 + static_cast<size_t>(r)));
+}
+
+int64_t* ShmCollectives::words(int r, int half) const {
+  return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(&control(r)) + 128) + half * kExchangeWords;
+}
+
+char* ShmCollectives::slot(int r, int half) const {
+  return static_cast<char*>(base_) + kPage * (1 + static_cast<size_t>(size_)) + static_cast<size_t>(r) * slot_bytes_ +
+         static_cast<size_t>(half) * half_bytes();
+}
+
+// ---- synchronization ----------------------------------------------------------------
+// Step g has arrivals 2g+1 ("my half holds what you need") and 2g+2 ("I have
+// read yours, and my results are in my half"). Before a rank writes its
+// half for step g, every peer must have arrived at 2g-1: a peer arrives
+// there only after it finished reading step g-2, the last to use that half.
+
+void ShmCollectives::check_usable(const char* what) const {
+  if (aborted_.load()) throw ShmError(ShmError::Kind::Aborted, std::string(what) + ": the process group was aborted");
+  if (broken_.load()) {
+    throw ShmError(ShmError::Kind::Broken, std::string(what) +
+                                               ": the shared-memory transport failed in an earlier collective "
+                                               "(see that error); create a new process group");
+  }
+}
+
+void ShmCollectives::fail(ShmError::Kind kind, const std::string& msg) {
+  broken_ = true;
+  // Peers waiting for this rank stop at once instead of timing out.
+  control(rank_).aborted.store(1);
+  futex_wake(&control(rank_).seq);
+  throw ShmError(kind, msg);
+}
+
+bool ShmCollectives::peer_gone(int peer) const {
+  const Control& c = control(peer);
+  if (c.pid <= 0 || c.pidns != pidns_ || pidns_ == 0) return false;  // another pid namespace: cannot tell
+  std::ifstream stat("/proc/" + std::to_string(c.pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state == 'Z' || state == 'X';  // exited, not yet reaped
+}
+
+int ShmCollectives::begin_step(const char* what) {
+  check_usable(what);
+  const uint32_t g = step_++;
+  if (g >= 1) wait_peers(2 * g - 1, what);
+  return static_cast<int>(g & 1u);
+}
+
+void ShmCollectives::arrive() {
+  // Called twice per step: the value is 2g+1 then 2g+2 for step g = step_-1.
+  Control& me = control(rank_);
+  const uint32_t next = me.seq.load(std::memory_order_relaxed) + 1;
+  me.seq.store(next, std::memory_order_seq_cst);
+  if (me.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&me.seq);
+}
+
+void ShmCollectives::publish(const ShmCheck* check, int half) {
+  if (!check || !check->count) return;
+  if (check->count > kExchangeWords) throw Error("shared-memory collective: too many check words");
+  std::memcpy(words(rank_, half), check->words, check->count * sizeof(int64_t));
+}
+
+void ShmCollectives::verify(const ShmCheck* check, int half) {
+  if (!check || !check->count || !check->verify) return;
+  std::vector<int64_t> all(static_cast<size_t>(size_) * check->count);
+  for (int r = 0; r < size_; ++r) std::memcpy(&all[r * check->count], words(r, half), check->count * sizeof(int64_t));
+  try {
+    check->verify(all.data());
+  } catch (...) {
+    arrive();  // finish the step as the peers do: the group stays in step
+    throw;
+  }
+}
+
+void ShmCollectives::wait_peers(uint32_t target, const char* what) {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) wait_peer(p, target, what);
+  }
+}
+
+void ShmCollectives::wait_peer(int peer, uint32_t target, const char* what) {
+  Control& c = control(peer);
+  if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+  const auto start = std::chrono::steady_clock::now();
+  // Spin briefly (~10 µs: the peer is usually a few microseconds behind),
+  // then yield, then sleep on the peer's sequence word: the machine may have
+  // fewer cores than ranks, and a long spin would take the peer's core.
+  for (int i = 0; i < 512; ++i) {
+    cpu_relax();
+    if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+  }
+  auto lastLiveness = start;
+  while (true) {
+    uint32_t seen = c.seq.load(std::memory_order_acquire);
+    if (reached(seen, target)) return;
+    if (aborted_.load()) fail(ShmError::Kind::Aborted, std::string(what) + ": the process group was aborted");
+    if (c.aborted.load()) {
+      fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(peer) +
+                                         " failed or aborted (see its error)");
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline_) {
+      fail(ShmError::Kind::Timeout,
+           std::string(what) + ": timed out waiting for rank " + std::to_string(peer) + " (the peer may have hung or exited)");
+    }
+    if (now - lastLiveness > std::chrono::milliseconds(100)) {
+      lastLiveness = now;
+      if (peer_gone(peer)) {
+        fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(peer) + " (pid " +
+                                           std::to_string(c.pid) + ") exited");
+      }
+    }
+    if (now - start < std::chrono::microseconds(50)) {
+      std::this_thread::yield();
+      continue;
+    }
+    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (c.seq.load(std::memory_order_seq_cst) == seen && !aborted_.load()) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now);
+      futex_wait(&c.seq, seen, std::clamp(left, std::chrono::microseconds(1), std::chrono::microseconds(5000)));
+    }
+    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmCollectives::abort() noexcept {
+  aborted_ = true;
+  broken_ = true;
+  if (!base_) return;
+  control(rank_).aborted.store(1);
+  for (int r = 0; r < size_; ++r) futex_wake(&control(r).seq);
+}
+
+// ---- collectives ------------------------------------------------------------------------
+
+namespace {
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  return std::chrono::steady_clock::now() + std::min(timeout, kMaxTimeout);
+}
+}  // namespace
+
+void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmReduceOp op,
+                                std::chrono::milliseconds timeout, const ShmCheck* check) {
+  constexpr const char* what = "shared-memory all_reduce";
+  check_usable(what);
+  if (!shm_supports(dtype, op)) throw Error("shared-memory all_reduce: AVG needs a floating-point dtype");
+  deadline_ = deadline_after(timeout);
+  const size_t es = shm_dtype_size(dtype);
+  const size_t maxStep = half_bytes() / es;
+  // Small messages: one synchronization per step, every rank reducing the
+  // whole step in rank order (so all ranks still hold identical bits).
+  const bool oneShot = count * es <= std::min(kOneShotBytes, half_bytes());
+  char* base = static_cast<char*>(data);
+  std::vector<const void*> srcs(size_);
+  for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
+    const size_t c = std::min(maxStep, count - a);
+    const size_t per = oneShot ? c : portion(c, size_, es);
+    const int me = oneShot ? 0 : rank_;  // the portion this rank reduces
+    auto lo = [&](int r) { return std::min(c, per * static_cast<size_t>(r)); };
+    auto hi = [&](int r) { return std::min(c, per * static_cast<size_t>(r + 1)); };
+    char* chunk = base + a * es;
+    const int h = begin_step(what);
+    char* mine = slot(rank_, h);
+    if (oneShot) {
+      std::memcpy(mine, chunk, c * es);
+    } else {  // peers reduce the other portions: hand them ours
+      std::memcpy(mine, chunk, lo(me) * es);
+      std::memcpy(mine + hi(me) * es, chunk + hi(me) * es, (c - hi(me)) * es);
+    }
+    if (a == 0) publish(check, h);
+    arrive();
+    wait_peers(2 * (step_ - 1) + 1, what);
+    if (a == 0) verify(check, h);
+    for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
+    reduce(dtype, op, srcs.data(), size_, chunk + lo(me) * es, oneShot ? nullptr : mine + lo(me) * es,
+           hi(me) - lo(me));
+    arrive();
+    if (!oneShot) {
+      wait_peers(2 * (step_ - 1) + 2, what);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) std::memcpy(chunk + lo(r) * es, slot(r, h) + lo(r) * es, (hi(r) - lo(r)) * es);
+      }
+    }
+    if (count == 0) break;
+  }
+}
+
+void ShmCollectives::reduce_scatter(const void* input, void* output, size_t count, ShmDtype dtype, ShmReduceOp op,
+                                    std::chrono::milliseconds timeout, const ShmCheck* check) {
+  constexpr const char* what = "shared-memory reduce_scatter";
+  check_usable(what);
+  if (!shm_supports(dtype, op)) throw Error("shared-memory reduce_scatter: AVG needs a floating-point dtype");
+  deadline_ = deadline_after(timeout);
+  const size_t es = shm_dtype_size(dtype);
+  // A step carries `c` elements of every rank's block; whole cache lines.
+  const size_t line = std::max<size_t>(1, 64 / es);
+  const size_t maxStep = std::max(line, half_bytes() / (static_cast<size_t>(size_) * es) / line * line);
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  std::vector<const void*> srcs(size_);
+  for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
+    const size_t c = std::min(maxStep, count - a);
+    const int h = begin_step(what);
+    char* mine = slot(rank_, h);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) std::memcpy(mine + r * maxStep * es, in + (r * count + a) * es, c * es);
+    }
+    if (a == 0) publish(check, h);
+    arrive();
+    wait_peers(2 * (step_ - 1) + 1, what);
+    if (a == 0) verify(check, h);
+    for (int r = 0; r < size_; ++r) {
+      srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
+    }
+    reduce(dtype, op, srcs.data(), size_, out + a * es, nullptr, c);
+    arrive();  // done reading the peers' halves
+    if (count == 0) break;
+  }
+}
+
+void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t bytes,
+                                std::chrono::milliseconds timeout, const ShmCheck* check) {
+  constexpr const char* what = "shared-memory all_gather";
+  check_usable(what);
+  deadline_ = deadline_after(timeout);
+  const char* in = static_cast<const char*>(input);
+  const size_t maxStep = half_bytes();
+  for (size_t a = 0; a < bytes || (bytes == 0 && a == 0); a += maxStep) {
+    const size_t c = std::min(maxStep, bytes - a);
+    const int h = begin_step(what);
+    std::memcpy(slot(rank_, h), in + a, c);
+    if (a == 0) publish(check, h);
+    arrive();
+    wait_peers(2 * (step_ - 1) + 1, what);
+    if (a == 0) verify(check, h);
+    // Our own block while the peers' copies arrive (after the check).
+    if (outputs[rank_] != input) std::memcpy(static_cast<char*>(outputs[rank_]) + a, in + a, c);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) std::memcpy(static_cast<char*>(outputs[r]) + a, slot(r, h), c);
+    }
+    arrive();
+    if (bytes == 0) break;
+  }
+}
+
+void ShmCollectives::exchange(const ShmCheck& check, std::chrono::milliseconds timeout) {
+  constexpr const char* what = "shared-memory argument check";
+  check_usable(what);
+  deadline_ = deadline_after(timeout);
+  const int h = begin_step(what);
+  publish(&check, h);
+  arrive();
+  wait_peers(2 * (step_ - 1) + 1, what);
+  verify(&check, h);
+  arrive();
+}
+
+}  // namespace neuronrt

@@ -1,0 +1,261 @@
+#include "Executor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "Kernels.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include "csrc/runtime/Error.h"
+
+namespace neuronrt::nki {
+namespace {
+
+using detail::Ctx;
+using detail::RunRecord;
+using detail::Scratch;
+
+// The widest build the CPU runs. NKI_KERNEL_ISA=generic|avx2|avx512 forces
+// one (tests compare the builds; an unsupported choice is an error there).
+RunRecord pick_kernels() {
+  if (const char* isa = std::getenv("NKI_KERNEL_ISA")) {
+    const std::string v = isa;
+    if (v == "generic") return detail::generic::run_record;
+    if (v == "avx2") return detail::avx2::run_record;
+    if (v == "avx512") return detail::avx512::run_record;
+  }
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c"))
+    return detail::avx512::run_record;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return detail::avx2::run_record;
+#endif
+  return detail::generic::run_record;
+}
+
+const RunRecord run_record = pick_kernels();
+
+// Worker threads for the partition ranges, created on first use and kept:
+// the calling thread is worker 0. One program runs at a time. Workers and
+// the caller spin briefly before they sleep (as OpenMP's threads do), so
+// back-to-back launches do not pay a wake-up each. A forked child gets a
+// fresh pool (the parent's threads do not exist there).
+class Pool {
+ public:
+  void run(int nt, const std::function<void(int)>& fn) {
+    std::lock_guard<std::mutex> one(run_mutex_);
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (int(workers_.size()) < nt - 1) {
+        const int index = int(workers_.size()) + 1;
+        workers_.emplace_back([this, index, seen = generation_.load()] { work(index, seen); });
+        workers_.back().detach();
+      }
+      job_ = &fn;
+      nt_ = nt;
+      pending_.store(nt - 1);
+      generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and nt_
+    }
+    wake_.notify_all();
+    fn(0);
+    if (!spin([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+    job_ = nullptr;
+  }
+
+ private:
+  template <typename Ready>
+  static bool spin(Ready ready) {
+    for (int i = 0; i < 20000; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+    }
+    return false;
+  }
+
+  // `seen`: the generation before the worker's first job.
+  void work(int index, uint64_t seen) {
+    for (;;) {
+      auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+      if (!spin(fresh)) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, fresh);
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (index >= nt_) continue;
+      (*job_)(index);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_.notify_one();
+      }
+    }
+  }
+
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int)>* job_ = nullptr;
+  int nt_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+};
+
+Pool& pool() {
+  static std::atomic<Pool*> current{nullptr};
+  static std::atomic<pid_t> owner{0};
+  static std::mutex mutex;
+  const pid_t pid = getpid();
+  Pool* p = current.load();
+  if (p && owner.load() == pid) return *p;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!current.load() || owner.load() != pid) {
+    current.store(new Pool());  // a pool inherited through fork() is leaked, not destroyed
+    owner.store(pid);
+  }
+  return *current.load();
+}
+
+// On-chip tiles and private HBM of the calling thread's launches: reused, so
+// its pages are faulted in once.
+char* arena(int64_t bytes) {
+  struct Arena {
+    char* data = nullptr;
+    int64_t size = 0;
+    ~Arena() { std::free(data); }
+  };
+  thread_local Arena a;
+  if (a.size < bytes) {
+    std::free(a.data);
+    a.size = (bytes + 63) / 64 * 64;
+    a.data = static_cast<char*>(std::aligned_alloc(64, a.size));
+    if (!a.data) throw Error("nki executor: cannot allocate a " + format_bytes(size_t(a.size)) + " arena");
+  }
+  return a.data;
+}
+
+const char* intern(const std::string& name) {
+  static std::mutex mutex;
+  static std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex);
+  return names.insert("nki::" + name).first->c_str();
+}
+
+// The records of thread t of nt: each thread owns a fixed range of the 128
+// partitions for every record, so partition-local records need no
+// synchronisation; the lowering marks where a barrier is needed
+// (kBarrierWord) and which records one thread runs whole (kWholeWord).
+void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
+  // Streaming stores are weakly ordered: fence them before other threads
+  // (or, at the end, the launch's consumers) may read what they wrote.
+  struct Sync {
+    std::barrier<>* b;
+    void arrive_and_wait() {
+      fence();
+      b->arrive_and_wait();
+    }
+    static void fence() {
+#if defined(__x86_64__)
+      _mm_sfence();
+#endif
+    }
+  } sync_obj{sync_}, *sync = sync_ ? &sync_obj : nullptr;
+  struct Fence {
+    ~Fence() { Sync::fence(); }
+  } end_fence;
+  const Program& prog = *c.program;
+  const int64_t lo = kPartitions * t / nt, hi = kPartitions * (t + 1) / nt;
+  Scratch sc;
+  sc.size(prog.max_free());
+  // Rows per step of a segment: about 128 KiB of the widest row, so a step's
+  // rows stay in L2 from one record to the next while DMA-like streams stay long.
+  const int64_t block = std::max<int64_t>(1, (int64_t(128) << 10) / (4 * prog.max_free()));
+  const int64_t ninstr = prog.size();
+  for (int64_t i = 0; i < ninstr;) {
+    const int64_t* w = prog.record(i);
+    if (w[kWholeWord] != 0) {
+      if (sync) sync->arrive_and_wait();
+      if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
+      if (sync) sync->arrive_and_wait();
+      ++i;
+      continue;
+    }
+    if (w[kBarrierWord] != 0 && sync) sync->arrive_and_wait();
+    // A segment of partition-local records (up to the next barrier, whole
+    // record or loop iteration) runs a block of partitions at a time: all of
+    // its records on rows [p, p + block), then the next block, so rows stay
+    // in cache from one instruction to the next (the lowering guarantees no
+    // record reads what another writes in a different partition, or HBM
+    // another writes).
+    int64_t j = i + 1;
+    while (j < ninstr && prog.record(j)[kWholeWord] == 0 && prog.record(j)[kBarrierWord] == 0 &&
+           prog.record(j)[kGroupWord] == 0)
+      ++j;
+    for (int64_t p = lo; p < hi; p += block)
+      for (int64_t k = i; k < j; ++k) run_record(c, k, p, std::min(p + block, hi), false, sc);
+    i = j;
+  }
+}
+
+}  // namespace
+
+const char* kernel_isa() noexcept {
+  return run_record == detail::avx512::run_record ? "avx512" : run_record == detail::avx2::run_record ? "avx2" : "generic";
+}
+
+void execute(const Program& program, const std::vector<void*>& bound, int threads) {
+  const auto& ids = program.bound();
+  if (bound.size() != ids.size()) {
+    throw Error("nki program '" + program.name() + "': expected " + std::to_string(ids.size()) +
+                " bound buffers, got " + std::to_string(bound.size()));
+  }
+  const auto& buffers = program.buffers();
+  std::vector<char*> bufs(buffers.size(), nullptr);
+  char* base = arena(std::max<int64_t>(program.arena_bytes(), 64));
+  for (size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].arena_offset >= 0) bufs[b] = base + buffers[b].arena_offset;
+  std::vector<std::pair<char*, char*>> spans;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const Buffer& buf = buffers[ids[k]];
+    char* p = static_cast<char*>(bound[k]);
+    if (!p && buf.numel > 0) throw Error("nki program '" + program.name() + "': bound buffer " + std::to_string(ids[k]) + " is null");
+    bufs[ids[k]] = p;
+    spans.emplace_back(p, p + buf.numel * itemsize(buf.dtype));
+  }
+  std::sort(spans.begin(), spans.end());
+  int nt = std::clamp(threads, 1, kPartitions);
+  for (size_t k = 1; k < spans.size(); ++k)
+    if (spans[k - 1].second > spans[k].first) nt = 1;  // aliased arguments
+
+  Ctx c;
+  c.program = &program;
+  c.bufs = bufs.data();
+  c.dtypes = program.dtypes();
+  std::memset(c.regs, 0, sizeof(c.regs));
+  if (nt == 1) {
+    run_thread(c, 0, 1, nullptr);
+    return;
+  }
+  std::barrier<> sync(nt);
+  pool().run(nt, [&](int t) { run_thread(c, t, nt, &sync); });
+}
+
+ProgramKernel::ProgramKernel(std::shared_ptr<const Program> program, std::vector<void*> bound, int threads)
+    : program_(std::move(program)), bound_(std::move(bound)), threads_(threads), name_(intern(program_->name())) {}
+
+}  // namespace neuronrt::nki

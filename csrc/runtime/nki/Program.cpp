@@ -1,0 +1,199 @@
+#include "Program.h"
+
+#include <algorithm>
+
+#include "csrc/runtime/Error.h"
+
+namespace neuronrt::nki {
+namespace {
+
+View parse_view(const int64_t* w) {
+  View v;
+  v.buf = w[0];
+  v.ndim = w[1];
+  v.offset = w[2];
+  for (int i = 0; i < kMaxDims; ++i) {
+    v.shape[i] = w[3 + i];
+    v.stride[i] = w[3 + kMaxDims + i];
+  }
+  // Free dims that coalesce into one stride-1 run (the common tile layout).
+  int64_t expect = 1, n = 1;
+  bool run = true;
+  for (int i = int(v.ndim) - 1; i >= 1; --i) {
+    if (v.shape[i] == 1) continue;
+    if (v.stride[i] != expect) run = false;
+    expect *= v.shape[i];
+    n *= v.shape[i];
+  }
+  v.run = run ? n : -1;
+  return v;
+}
+
+int64_t free_numel(const View& v) {
+  int64_t n = 1;
+  for (int i = 1; i < v.ndim; ++i) n *= v.shape[i];
+  return n;
+}
+
+// Views each opcode reads or writes unconditionally (slot 0 is dst).
+int fixed_views(int64_t opcode) {
+  switch (opcode) {
+    case OP_FILL: return 1;
+    case OP_TT: case OP_STT: case OP_MM: return 3;
+    case OP_NOP: return 0;
+    default: return 2;
+  }
+}
+
+}  // namespace
+
+Program::Program(std::vector<int64_t> words, std::vector<double> imms, std::vector<Buffer> buffers,
+                 int64_t arena_bytes, std::string name)
+    : words_(std::move(words)), imms_(std::move(imms)), buffers_(std::move(buffers)),
+      arena_bytes_(arena_bytes), name_(std::move(name)) {
+  if (words_.size() % kRecord != 0) {
+    throw Error("nki program '" + name_ + "': " + std::to_string(words_.size()) +
+                " words is not a whole number of " + std::to_string(kRecord) + "-word records");
+  }
+  ninstr_ = int64_t(words_.size() / kRecord);
+  if (imms_.size() != size_t(2 * ninstr_)) {
+    throw Error("nki program '" + name_ + "': expected 2 immediates per record (" + std::to_string(2 * ninstr_) +
+                "), got " + std::to_string(imms_.size()));
+  }
+  if (arena_bytes_ < 0) throw Error("nki program '" + name_ + "': negative arena size");
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    const Buffer& buf = buffers_[b];
+    const std::string what = "nki program '" + name_ + "': buffer " + std::to_string(b);
+    if (buf.dtype < 0 || buf.dtype >= kNumDTypes) throw Error(what + " has unknown dtype code " + std::to_string(buf.dtype));
+    if (buf.numel < 0) throw Error(what + " has a negative size");
+    dtypes_.push_back(buf.dtype);
+    streamed_.push_back(buf.arena_offset < 0 && buf.numel * itemsize(buf.dtype) >= kStreamBytes);
+    if (buf.arena_offset < 0) {
+      bound_.push_back(int64_t(b));
+    } else if (buf.arena_offset % itemsize(buf.dtype) != 0 ||
+               buf.arena_offset + buf.numel * itemsize(buf.dtype) > arena_bytes_) {
+      throw Error(what + " does not fit in the arena at byte " + std::to_string(buf.arena_offset));
+    }
+  }
+  views_.resize(size_t(ninstr_) * kMaxViews);
+  for (int64_t i = 0; i < ninstr_; ++i) {
+    for (int k = 0; k < kMaxViews; ++k) views_[i * kMaxViews + k] = parse_view(record(i) + kHeader + k * kViewWords);
+    check_record(i);
+    for (int k = 0; k < kMaxViews; ++k)
+      if (view(i, k).ndim > 0) max_free_ = std::max(max_free_, free_numel(view(i, k)));
+  }
+}
+
+void Program::check_record(int64_t i) const {
+  const int64_t* w = record(i);
+  const std::string where = "nki program '" + name_ + "': record " + std::to_string(i);
+  auto fail = [&](const std::string& msg) { throw Error(where + ": " + msg); };
+  const int64_t opcode = w[0];
+  if (opcode < 0 || opcode >= kNumOpcodes) fail("unknown opcode " + std::to_string(opcode));
+  for (int k : {kWholeWord, kBarrierWord, kGroupWord})
+    if (w[k] != 0 && w[k] != 1) fail("schedule word " + std::to_string(k) + " is not 0 or 1");
+  // Every present view lies inside its buffer.
+  for (int k = 0; k < kMaxViews; ++k) {
+    const View& v = view(i, k);
+    if (v.ndim == 0) continue;
+    const std::string vw = "view " + std::to_string(k);
+    if (v.ndim < 0 || v.ndim > kMaxDims) fail(vw + " has " + std::to_string(v.ndim) + " dims");
+    if (v.buf < 0 || v.buf >= int64_t(buffers_.size())) fail(vw + " names no buffer (" + std::to_string(v.buf) + ")");
+    int64_t last = v.offset;
+    bool empty = false;
+    for (int d = 0; d < v.ndim; ++d) {
+      if (v.shape[d] < 0 || v.stride[d] < 0) fail(vw + " has a negative size or stride");
+      if (v.shape[d] == 0) empty = true;
+      else last += (v.shape[d] - 1) * v.stride[d];
+    }
+    if (!empty && (v.offset < 0 || last >= buffers_[v.buf].numel)) {
+      fail(vw + " spans elements [" + std::to_string(v.offset) + ", " + std::to_string(last) + "] of buffer " +
+           std::to_string(v.buf) + " of " + std::to_string(buffers_[v.buf].numel));
+    }
+  }
+  if (opcode == OP_NOP) return;
+  for (int k = 0; k < fixed_views(opcode); ++k)
+    if (view(i, k).ndim == 0) fail("view " + std::to_string(k) + " is missing");
+  const bool whole = w[kWholeWord] != 0;
+  const View& dst = view(i, 0);
+  if (opcode == OP_FILL) {
+    if (!whole && dst.shape[0] > kPartitions) fail("a partition-wise fill of more than 128 partitions");
+    return;
+  }
+  const View& data = view(i, 1);
+  if (opcode == OP_MM) {
+    const View& mv = view(i, 2);
+    const int64_t K = data.shape[0], M = free_numel(data);
+    if (!whole) fail("a matmul must run whole");
+    if (w[3] != 0 && w[3] != 1) fail("matmul accumulate flag is not 0 or 1");
+    if (K > kPartitions || M > kPartitions || mv.shape[0] != K || dst.shape[0] != M ||
+        free_numel(dst) != free_numel(mv))
+      fail("matmul shapes do not match: stationary [K, M], moving [K, N], dst [M, N] with K, M <= 128");
+    return;
+  }
+  if (opcode == OP_COPY) {
+    int64_t a = 1, b = 1;
+    for (int d = 0; d < dst.ndim; ++d) a *= dst.shape[d];
+    for (int d = 0; d < data.ndim; ++d) b *= data.shape[d];
+    if (a != b) fail("copy of " + std::to_string(b) + " elements into " + std::to_string(a));
+    if (!whole && (dst.shape[0] > kPartitions || data.shape[0] != dst.shape[0] ||
+                   free_numel(dst) != free_numel(data)))
+      fail("a partition-wise copy between different partition layouts");
+    return;
+  }
+  // Partition-wise instructions: dst and data share the partitions.
+  const int64_t P = data.shape[0], n = free_numel(data), dn = free_numel(dst);
+  if (P > kPartitions || dst.shape[0] != P) fail("dst and data do not share <= 128 partitions");
+  auto alu = [&](int64_t op, bool optional) {
+    if (!(optional && op == -1) && (op < 0 || op >= kNumAlu)) fail("unknown ALU op " + std::to_string(op));
+  };
+  auto operand = [&](int64_t slot, bool optional_none) {
+    // -1: an immediate; -2 (bias only): none; else a [P, 1] or [1, 1] tile.
+    if (slot == -1 || (optional_none && slot == -2)) return;
+    if (slot < fixed_views(opcode) || slot >= kMaxViews || view(i, slot).ndim == 0)
+      fail("operand slot " + std::to_string(slot) + " names no operand view");
+    const View& v = view(i, slot);
+    if (free_numel(v) != 1 || (v.shape[0] != 1 && v.shape[0] != P)) fail("a per-partition operand is not [P, 1]");
+  };
+  auto same_rows = [&](const View& v) {
+    if (v.shape[0] != P || free_numel(v) != n) fail("elementwise operands of different shapes");
+  };
+  switch (opcode) {
+    case OP_TT:
+      alu(w[3], false);
+      same_rows(view(i, 2));
+      break;
+    case OP_TS:
+      alu(w[3], false);
+      operand(w[5], false);
+      alu(w[6], true);
+      if (w[6] != -1) operand(w[8], false);
+      break;
+    case OP_STT:
+      alu(w[3], false);
+      alu(w[6], false);
+      operand(w[5], false);
+      same_rows(view(i, 2));
+      break;
+    case OP_ACT: {
+      if (w[3] < 0 || w[3] >= kNumFn) fail("unknown activation function " + std::to_string(w[3]));
+      if (w[7] != 0 && w[7] != 2 && w[7] != 3 && w[7] != 4) fail("unknown reduce command " + std::to_string(w[7]));
+      if (w[9] != 0 && w[9] != 1) fail("unknown engine " + std::to_string(w[9]));
+      operand(w[5], false);
+      operand(w[6], true);
+      if (w[8] != -1) {
+        if (w[8] < 2 || w[8] >= kMaxViews || view(i, w[8]).ndim == 0) fail("reduce_res slot names no view");
+        const View& r = view(i, w[8]);
+        if (r.shape[0] != P || free_numel(r) != 1) fail("reduce_res is not [P, 1]");
+      }
+      break;
+    }
+    case OP_TRED:
+      if (w[3] != A_ADD && w[3] != A_MAX && w[3] != A_MIN) fail("tensor_reduce of an unsupported op");
+      if (w[4] < 1 || n % w[4] != 0 || dn != n / w[4]) fail("tensor_reduce groups do not divide the row");
+      return;
+  }
+  if (dn != n) fail("dst has " + std::to_string(dn) + " elements per partition, data " + std::to_string(n));
+}
+
+}  // namespace neuronrt::nki

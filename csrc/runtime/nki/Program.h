@@ -1,0 +1,119 @@
+// A lowered NKI program: the table of instruction records that nki/_native.py
+// builds from a traced kernel, checked once and ready to execute.
+//
+// Each record is kRecord int64 words: a kHeader-word header (opcode, flags,
+// ALU/activation function, operand slots) and kMaxViews strided views of the
+// program's buffers. Buffers are numbered; each is either bound at launch
+// (a kernel argument or output in HBM) or placed in the executor's arena
+// (SBUF/PSUM tiles, private HBM). The header layout per opcode is documented
+// in docs/nki.md ("Native executor") and at its use in Kernels.inc.
+//
+// Plain C++ (no torch headers): the runtime owns execution.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace neuronrt::nki {
+
+constexpr int kMaxDims = 8;
+constexpr int kMaxViews = 5;
+constexpr int kHeader = 16;
+constexpr int kViewWords = 3 + 2 * kMaxDims;  // buffer, ndim, offset, shape[8], stride[8]
+constexpr int kRecord = kHeader + kMaxViews * kViewWords;
+constexpr int kPartitions = 128;
+constexpr int64_t kStreamBytes = int64_t(8) << 20;
+
+enum DType : int64_t { F32 = 0, BF16 = 1, kNumDTypes };
+
+inline int64_t itemsize(int64_t dtype) { return dtype == F32 ? 4 : 2; }
+
+enum Opcode : int64_t {
+  OP_FILL = 0,  // dst view <- value
+  OP_COPY = 1,  // flat row-major copy (dma_copy, tensor_copy, load/store)
+  OP_TT = 2,    // tensor_tensor
+  OP_TS = 3,    // tensor_scalar
+  OP_STT = 4,   // scalar_tensor_tensor
+  OP_ACT = 5,   // activation (+ accumulator registers)
+  OP_TRED = 6,  // tensor_reduce over trailing free elements
+  OP_NOP = 7,   // (profiling: a record switched off)
+  OP_MM = 8,    // nc_matmul: dst[M, N] (+)= stationary[K, M]^T @ moving[K, N], one thread
+  kNumOpcodes
+};
+
+enum Alu : int64_t {
+  A_ADD = 0, A_SUB, A_MUL, A_DIV, A_MAX, A_MIN,
+  A_EQ, A_NE, A_GT, A_GE, A_LT, A_LE, kNumAlu
+};
+
+enum Fn : int64_t {
+  // Exact: bit-identical to torch (sqrt: correctly rounded; torch's vectorised sqrt can be 1 ulp off).
+  F_COPY = 0, F_SQUARE, F_RELU, F_RSQRT, F_SQRT, F_RECIP, F_ABS, F_NEG, F_CEIL, F_FLOOR, F_TRUNC,
+  // Transcendental: within a few ulp of torch (docs/nki.md).
+  F_EXP, F_LOG, F_TANH, F_SIGMOID, F_SILU, F_GELU, F_GELU_TANH, F_SOFTPLUS, F_MISH, F_ERF, F_SIN, F_COS, F_TAN,
+  F_ARCTAN, kNumFn
+};
+
+// Header words shared by every record (the rest depend on the opcode).
+constexpr int kWholeWord = 13;    // run by one thread over all partitions
+constexpr int kBarrierWord = 14;  // all threads synchronise before it
+constexpr int kGroupWord = 15;    // starts a new row-interleaved group
+
+// A strided view: element offset, sizes and strides (dim 0 = partitions).
+struct View {
+  int64_t buf, ndim, offset;
+  int64_t shape[kMaxDims];
+  int64_t stride[kMaxDims];
+  int64_t run;  // free elements per partition when they are one contiguous run, else -1
+};
+
+// Where a buffer lives during a launch.
+struct Buffer {
+  int64_t dtype;
+  int64_t numel;
+  int64_t arena_offset;  // bytes into the arena; -1: bound at launch
+};
+
+class Program {
+ public:
+  // Checks every record against the buffers (opcodes, functions, operand
+  // slots, views inside their buffers, arena placement) and throws
+  // neuronrt::Error naming the record on the first violation: a malformed
+  // table never reaches the executor.
+  Program(std::vector<int64_t> words, std::vector<double> imms, std::vector<Buffer> buffers,
+          int64_t arena_bytes, std::string name);
+
+  const std::string& name() const { return name_; }
+  int64_t size() const { return ninstr_; }
+  const int64_t* record(int64_t i) const { return words_.data() + i * kRecord; }
+  const double* imms(int64_t i) const { return imms_.data() + i * 2; }
+  const View& view(int64_t i, int64_t slot) const { return views_[i * kMaxViews + slot]; }
+  const std::vector<Buffer>& buffers() const { return buffers_; }
+  const int64_t* dtypes() const { return dtypes_.data(); }
+  // Rows stored into this buffer use streaming stores: a bound (HBM) buffer
+  // of at least kStreamBytes, which the caches could not hold anyway.
+  bool streamed(int64_t buf) const { return streamed_[buf]; }
+  // Buffer ids bound at launch, in increasing order.
+  const std::vector<int64_t>& bound() const { return bound_; }
+  int64_t arena_bytes() const { return arena_bytes_; }
+  // The widest free size of any operand: the per-thread scratch row.
+  int64_t max_free() const { return max_free_; }
+
+ private:
+  void check_record(int64_t i) const;
+
+  std::vector<int64_t> words_;
+  std::vector<double> imms_;
+  std::vector<Buffer> buffers_;
+  std::vector<View> views_;
+  std::vector<int64_t> dtypes_;  // per buffer
+  std::vector<bool> streamed_;   // per buffer
+  std::vector<int64_t> bound_;
+  int64_t ninstr_ = 0;
+  int64_t arena_bytes_ = 0;
+  int64_t max_free_ = 1;
+  std::string name_;
+};
+
+}  // namespace neuronrt::nki

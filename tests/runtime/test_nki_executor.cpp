@@ -1,0 +1,236 @@
+// The NKI executor (csrc/runtime/nki): record tables built by hand, run on
+// host memory and launched on a stream over device memory, against values
+// computed here; malformed tables are rejected before they run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "csrc/runtime/Error.h"
+#include "csrc/runtime/Runtime.h"
+#include "csrc/runtime/nki/Executor.h"
+#include "csrc/runtime/nki/Program.h"
+
+namespace nk = neuronrt::nki;
+
+namespace {
+
+struct ViewSpec {
+  int64_t buf, offset;
+  std::vector<int64_t> shape, stride;
+};
+
+// Builds a record table the way nki/_native.py lays it out.
+struct Table {
+  std::vector<int64_t> words;
+  std::vector<double> imms;
+
+  int64_t* add(std::vector<int64_t> header, const std::vector<ViewSpec>& views, double i0 = 0, double i1 = 0) {
+    std::vector<int64_t> w(nk::kRecord, 0);
+    for (int k = 0; k < nk::kHeader; ++k) w[k] = k < int(header.size()) ? header[k] : -1;
+    w[nk::kWholeWord] = w[nk::kBarrierWord] = w[nk::kGroupWord] = 0;
+    for (size_t v = 0; v < views.size(); ++v) {
+      int64_t* o = &w[nk::kHeader + v * nk::kViewWords];
+      o[0] = views[v].buf;
+      o[1] = int64_t(views[v].shape.size());
+      o[2] = views[v].offset;
+      for (int d = 0; d < nk::kMaxDims; ++d) {
+        o[3 + d] = d < int(views[v].shape.size()) ? views[v].shape[d] : 1;
+        o[3 + nk::kMaxDims + d] = d < int(views[v].stride.size()) ? views[v].stride[d] : 0;
+      }
+    }
+    words.insert(words.end(), w.begin(), w.end());
+    imms.push_back(i0);
+    imms.push_back(i1);
+    return &words[words.size() - nk::kRecord];
+  }
+};
+
+ViewSpec rows(int64_t buf, int64_t P, int64_t F) { return {buf, 0, {P, F}, {F, 1}}; }
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// out = (x * 2 + 1) * rsqrt(sum(x^2 per row)) for a [P, F] fp32 input:
+// tensor_scalar, activation_reduce into registers, activation on [P, 1],
+// scalar_tensor_tensor with a per-partition operand. Buffers: 0 x, 1 out
+// (bound), 2 sq tile, 3 ss [P, 1], 4 y tile (arena).
+std::shared_ptr<nk::Program> example(int64_t P, int64_t F, int64_t out_dtype = nk::F32) {
+  Table t;
+  // tensor_scalar: y = x * 2 + 1 (dead=0, staged=0, op0, rev0, slot0=-1, op1, rev1, slot1=-1)
+  t.add({nk::OP_TS, 0, 0, nk::A_MUL, 0, -1, nk::A_ADD, 0, -1}, {rows(4, P, F), rows(0, P, F)}, 2.0, 1.0);
+  // activation_reduce: sq = x^2, ss = sum (fn, 0, scale=-1, bias=-2, cmd=reset_reduce, res slot 2, engine)
+  t.add({nk::OP_ACT, 0, 0, nk::F_SQUARE, 0, -1, -2, 3, 2, 1}, {rows(2, P, F), rows(0, P, F), rows(3, P, 1)}, 1.0);
+  // ss = rsqrt(ss)
+  t.add({nk::OP_ACT, 0, 0, nk::F_RSQRT, 0, -1, -2, 0, -1, 1}, {rows(3, P, 1), rows(3, P, 1)}, 1.0);
+  // out = (y * ss) + y (op0 with the [P, 1] operand in slot 3)
+  t.add({nk::OP_STT, 0, 0, nk::A_MUL, 0, 3, nk::A_ADD, 0}, {rows(1, P, F), rows(4, P, F), rows(4, P, F), rows(3, P, 1)});
+  const int64_t tile = P * F * 4;
+  std::vector<nk::Buffer> bufs = {{nk::F32, P * F, -1}, {out_dtype, P * F, -1}, {nk::F32, P * F, 0},
+                                  {nk::F32, P, tile}, {nk::F32, P * F, tile + 512}};
+  return std::make_shared<nk::Program>(t.words, t.imms, bufs, tile * 2 + 512, "example");
+}
+
+std::vector<float> expected(const std::vector<float>& x, int64_t P, int64_t F) {
+  std::vector<float> out(P * F);
+  for (int64_t p = 0; p < P; ++p) {
+    // F < 8: torch's scalar sum, 4 accumulators over groups of 4, the
+    // remainder into the first, then the 4 added in order.
+    float acc[4] = {0, 0, 0, 0};
+    auto sq = [&](int64_t f) { return x[p * F + f] * x[p * F + f]; };
+    for (int64_t f = 0; f < F / 4 * 4; ++f) acc[f % 4] += sq(f);
+    for (int64_t f = F / 4 * 4; f < F; ++f) acc[0] += sq(f);
+    const float ss = ((acc[0] + acc[1]) + acc[2]) + acc[3];
+    const float r = 1.0f / std::sqrt(ss);
+    for (int64_t f = 0; f < F; ++f) {
+      const float y = x[p * F + f] * 2.0f + 1.0f;
+      out[p * F + f] = y * r + y;
+    }
+  }
+  return out;
+}
+
+std::vector<float> input(int64_t n) {
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = float((i * 37) % 23) / 7.0f - 1.5f;
+  return x;
+}
+
+}  // namespace
+
+TEST(NkiExecutor, RunsARecordTableOnHostMemory) {
+  const int64_t P = 128, F = 5;
+  auto prog = example(P, F);
+  auto x = input(P * F);
+  std::vector<float> out(P * F, 0.0f);
+  for (int threads : {1, 2, 3}) {
+    nk::execute(*prog, {x.data(), out.data()}, threads);
+    auto ref = expected(x, P, F);
+    for (int64_t i = 0; i < P * F; ++i) ASSERT_EQ(out[i], ref[i]) << i << ", " << threads << " threads";
+  }
+}
+
+TEST(NkiExecutor, RoundsBf16OnStore) {
+  const int64_t P = 7, F = 3;
+  auto prog = example(P, F, nk::BF16);
+  auto x = input(P * F);
+  std::vector<uint16_t> out(P * F, 0);
+  nk::execute(*prog, {x.data(), out.data()}, 2);
+  auto ref = expected(x, P, F);
+  for (int64_t i = 0; i < P * F; ++i) EXPECT_EQ(out[i], to_bf16(ref[i])) << i << " " << from_bf16(out[i]);
+}
+
+TEST(NkiExecutor, LaunchesOnAStreamOverDeviceMemory) {
+  const int64_t P = 64, F = 6;
+  auto prog = example(P, F);
+  auto x = input(P * F);
+  void* dx = neuronrt::malloc(0, x.size() * 4);
+  void* dout = neuronrt::malloc(0, x.size() * 4);
+  neuronrt::Stream& s = neuronrt::current_stream(0);
+  neuronrt::memcpy(dx, x.data(), x.size() * 4, neuronrt::MemcpyKind::HostToDevice, s);
+  const uint64_t before = s.issued();
+  nk::ProgramKernel kernel(prog, {dx, dout}, 2);
+  EXPECT_STREQ(kernel.name(), "nki::example");
+  neuronrt::launch(s, kernel);
+  EXPECT_EQ(s.issued(), before + 1);
+  std::vector<float> out(x.size());
+  neuronrt::memcpy(out.data(), dout, out.size() * 4, neuronrt::MemcpyKind::DeviceToHost, s);
+  EXPECT_EQ(out, expected(x, P, F));
+  neuronrt::free(dx);
+  neuronrt::free(dout);
+}
+
+TEST(NkiExecutor, AliasedBoundBuffersStillCorrect) {
+  // out written in place over x: elementwise records read each element
+  // before writing it, and aliasing forces one thread.
+  const int64_t P = 16, F = 4;
+  Table t;
+  t.add({nk::OP_TS, 0, 0, nk::A_ADD, 0, -1, -1, 0, -1}, {rows(1, P, F), rows(0, P, F)}, 3.0);
+  auto prog = nk::Program(t.words, t.imms, {{nk::F32, P * F, -1}, {nk::F32, P * F, -1}}, 0, "inplace");
+  auto x = input(P * F);
+  auto ref = x;
+  for (auto& v : ref) v += 3.0f;
+  nk::execute(prog, {x.data(), x.data()}, 4);
+  EXPECT_EQ(x, ref);
+}
+
+TEST(NkiExecutor, RejectsMalformedTables) {
+  const int64_t P = 8, F = 4;
+  std::vector<nk::Buffer> two = {{nk::F32, P * F, -1}, {nk::F32, P * F, -1}};
+  auto build = [&](auto edit) {
+    Table t;
+    int64_t* w = t.add({nk::OP_TS, 0, 0, nk::A_ADD, 0, -1, -1, 0, -1}, {rows(1, P, F), rows(0, P, F)}, 1.0);
+    edit(w, t);
+    return nk::Program(t.words, t.imms, two, 0, "bad");
+  };
+  auto throws = [&](auto edit, const char* what) {
+    try {
+      build(edit);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const neuronrt::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  build([](int64_t*, Table&) {});  // the unedited table is fine
+  throws([](int64_t* w, Table&) { w[0] = 99; }, "unknown opcode 99");
+  throws([](int64_t* w, Table&) { w[3] = 42; }, "unknown ALU op 42");
+  throws([](int64_t* w, Table&) { w[nk::kHeader + 2] = 1; }, "view 0 spans elements [1, 32] of buffer 1 of 32");
+  throws([](int64_t* w, Table&) { w[nk::kHeader + nk::kViewWords] = 7; }, "view 1 names no buffer (7)");
+  throws([](int64_t* w, Table&) { w[5] = 4; }, "operand slot 4 names no operand view");
+  throws([](int64_t* w, Table&) { w[nk::kHeader + 3] = 200; }, "spans elements");
+  throws([](int64_t*, Table& t) { t.imms.pop_back(); }, "2 immediates per record");
+  throws([](int64_t*, Table& t) { t.words.pop_back(); }, "whole number");
+  EXPECT_THROW(nk::Program({}, {}, {{nk::F32, 4, 0}}, 8, "arena"), neuronrt::Error);  // 16 bytes > 8
+  EXPECT_THROW(nk::Program({}, {}, {{7, 4, -1}}, 0, "dtype"), neuronrt::Error);
+  auto ok = build([](int64_t*, Table&) {});
+  std::vector<float> a(P * F);
+  EXPECT_THROW(nk::execute(ok, {a.data()}, 1), neuronrt::Error);  // one bound buffer of two
+}
+
+TEST(NkiExecutor, MatmulOverwritesThenAccumulates) {
+  // dst[M, N] = st[K, M]^T @ mv[K, N], then the same added (accumulate flag).
+  const int64_t K = 3, M = 2, N = 5;
+  Table t;
+  int64_t* w = t.add({nk::OP_MM, 0, 0, 0}, {rows(2, M, N), rows(0, K, M), rows(1, K, N)});
+  w[nk::kWholeWord] = 1;
+  w = t.add({nk::OP_MM, 0, 0, 1}, {rows(2, M, N), rows(0, K, M), rows(1, K, N)});
+  w[nk::kWholeWord] = 1;
+  std::vector<nk::Buffer> bufs = {{nk::F32, K * M, -1}, {nk::F32, K * N, -1}, {nk::F32, M * N, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 0, "mm");
+  auto st = input(K * M), mv = input(K * N + 3);
+  std::vector<float> out(M * N, 0.0f);
+  nk::execute(prog, {st.data(), mv.data() + 3, out.data()}, 2);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += st[k * M + m] * mv[3 + k * N + n];
+      EXPECT_EQ(out[m * N + n], acc + acc) << m << "," << n;
+    }
+  // Matmuls mix partitions: a partition-wise one is rejected.
+  t.words[nk::kWholeWord] = 0;
+  EXPECT_THROW(nk::Program(t.words, t.imms, bufs, 0, "mm"), neuronrt::Error);
+}
+
+TEST(NkiExecutor, TranscendentalActivation) {
+  // exp(x * 0.5 - 1) per element, as libm computes it.
+  const int64_t P = 9, F = 11;
+  Table t;
+  t.add({nk::OP_ACT, 0, 0, nk::F_EXP, 0, -1, -1, 0, -1, 1}, {rows(1, P, F), rows(0, P, F)}, 0.5, -1.0);
+  nk::Program prog(t.words, t.imms, {{nk::F32, P * F, -1}, {nk::F32, P * F, -1}}, 0, "exp");
+  auto x = input(P * F);
+  std::vector<float> out(P * F);
+  nk::execute(prog, {x.data(), out.data()}, 1);
+  for (int64_t i = 0; i < P * F; ++i) EXPECT_EQ(out[i], std::exp(x[i] * 0.5f + -1.0f)) << i;
+}

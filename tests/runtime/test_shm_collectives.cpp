@@ -1,0 +1,323 @@
+// ShmCollectives between forked processes: results against a reduction
+// computed in the test, step boundaries (small slots, odd sizes), and the
+// failure paths (a peer that exits, hangs or aborts) ending in ShmError
+// within the timeout instead of a hang.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "csrc/runtime/ShmCollectives.h"
+
+using neuronrt::ShmCollectives;
+using neuronrt::ShmDtype;
+using neuronrt::ShmError;
+using neuronrt::ShmReduceOp;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Rank 0 runs in this process, ranks 1..n-1 in forked children; `body`
+// returns 0 on success. Returns the exit codes of the children, rank 0's last.
+std::vector<int> run_group(int n, size_t slot_bytes, const std::function<int(ShmCollectives&)>& body) {
+  auto root = ShmCollectives::create(0, n, slot_bytes);
+  std::vector<pid_t> kids;
+  for (int r = 1; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int rc = 99;
+      try {
+        auto g = ShmCollectives::attach(root->name(), r, n);
+        rc = body(*g);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        rc = 98;
+      }
+      _exit(rc);
+    }
+    kids.push_back(pid);
+  }
+  int mine = body(*root);
+  root->unlink();
+  std::vector<int> codes;
+  for (pid_t pid : kids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  codes.push_back(mine);
+  return codes;
+}
+
+void expect_all_zero(const std::vector<int>& codes) {
+  for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "process " << i;
+}
+
+// Rank r's value at element i (small integers: every reduction is exact).
+float value(int r, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + r * 3) % 11) - 5); }
+
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>(u >> 16);  // exact for these small integers
+}
+
+float from_bf16(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+float expected(ShmReduceOp op, int n, size_t i) {
+  float acc = value(0, i);
+  for (int r = 1; r < n; ++r) {
+    const float v = value(r, i);
+    switch (op) {
+      case ShmReduceOp::Sum: case ShmReduceOp::Avg: acc += v; break;
+      case ShmReduceOp::Product: acc *= v; break;
+      case ShmReduceOp::Min: acc = std::min(acc, v); break;
+      case ShmReduceOp::Max: acc = std::max(acc, v); break;
+    }
+  }
+  return op == ShmReduceOp::Avg ? acc / static_cast<float>(n) : acc;
+}
+
+}  // namespace
+
+class ShmAllReduce : public ::testing::TestWithParam<std::tuple<int, ShmReduceOp>> {};
+
+TEST_P(ShmAllReduce, Float32Int32BFloat16MatchAReference) {
+  const auto [n, op] = GetParam();
+  // 8 KiB slots: a 4 KiB half holds 1024 floats, so 5000 elements take 5
+  // steps, the last one partial and not a multiple of the world size.
+  const size_t count = 5000;
+  auto codes = run_group(n, 8192, [&, n = n, op = op](ShmCollectives& g) {
+    const int r = g.rank();
+    std::vector<float> f(count);
+    std::vector<int32_t> i32(count);
+    std::vector<uint16_t> bf(count);
+    for (size_t i = 0; i < count; ++i) {
+      f[i] = value(r, i);
+      i32[i] = static_cast<int32_t>(value(r, i));
+      bf[i] = to_bf16(value(r, i));
+    }
+    g.all_reduce(f.data(), count, ShmDtype::Float32, op, 10s);
+    // A message within one half takes the one-shot path.
+    std::vector<float> small(1000);
+    for (size_t i = 0; i < small.size(); ++i) small[i] = value(r, i);
+    g.all_reduce(small.data(), small.size(), ShmDtype::Float32, op, 10s);
+    for (size_t i = 0; i < small.size(); ++i) {
+      if (small[i] != expected(op, n, i)) return 4;
+    }
+    g.all_reduce(bf.data(), count, ShmDtype::BFloat16, op, 10s);
+    if (op != ShmReduceOp::Avg) g.all_reduce(i32.data(), count, ShmDtype::Int32, op, 10s);
+    for (size_t i = 0; i < count; ++i) {
+      const float want = expected(op, n, i);
+      if (f[i] != want) return 1;
+      if (op != ShmReduceOp::Avg && i32[i] != static_cast<int32_t>(want)) return 2;
+      // bf16 rounds each step; the small integers here stay exact, the
+      // averages are within one bf16 ulp.
+      if (std::fabs(from_bf16(bf[i]) - want) > std::fabs(want) / 128.0f) return 3;
+    }
+    return 0;
+  });
+  expect_all_zero(codes);
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<int, ShmReduceOp>>& info) {
+  static const char* const names[] = {"Sum", "Avg", "Min", "Max", "Product"};
+  return "World" + std::to_string(std::get<0>(info.param)) + "_" + names[static_cast<int>(std::get<1>(info.param))];
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, ShmAllReduce,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(ShmReduceOp::Sum, ShmReduceOp::Avg, ShmReduceOp::Min,
+                                                              ShmReduceOp::Max, ShmReduceOp::Product)),
+                         case_name);
+
+TEST(ShmCollectives, ReduceScatterAndAllGather) {
+  for (int n : {2, 3}) {
+    const size_t count = 1234;  // per rank: several steps with 8 KiB slots
+    auto codes = run_group(n, 8192, [&](ShmCollectives& g) {
+      const int r = g.rank();
+      std::vector<float> in(n * count), out(count, -1.0f);
+      for (int b = 0; b < n; ++b) {
+        for (size_t i = 0; i < count; ++i) in[b * count + i] = value(r, b * count + i);
+      }
+      g.reduce_scatter(in.data(), out.data(), count, ShmDtype::Float32, ShmReduceOp::Sum, 10s);
+      for (size_t i = 0; i < count; ++i) {
+        if (out[i] != expected(ShmReduceOp::Sum, n, r * count + i)) return 1;
+      }
+      // Out of place, then in place (rank r's input is its own output block).
+      std::vector<int64_t> mine(count), gathered(n * count, -1), inplace(n * count, -1);
+      for (size_t i = 0; i < count; ++i) mine[i] = r * 100000 + static_cast<int64_t>(i);
+      std::vector<void*> outs, outsInplace;
+      for (int b = 0; b < n; ++b) {
+        outs.push_back(gathered.data() + b * count);
+        outsInplace.push_back(inplace.data() + b * count);
+      }
+      g.all_gather(mine.data(), outs.data(), count * sizeof(int64_t), 10s);
+      std::memcpy(outsInplace[r], mine.data(), count * sizeof(int64_t));
+      g.all_gather(outsInplace[r], outsInplace.data(), count * sizeof(int64_t), 10s);
+      for (int b = 0; b < n; ++b) {
+        for (size_t i = 0; i < count; ++i) {
+          if (gathered[b * count + i] != b * 100000 + static_cast<int64_t>(i)) return 2;
+          if (inplace[b * count + i] != b * 100000 + static_cast<int64_t>(i)) return 3;
+        }
+      }
+      int64_t words[3] = {r, 7, -r};
+      std::vector<int64_t> seen;
+      neuronrt::ShmCheck check{words, 3, [&](const int64_t* all) { seen.assign(all, all + 3 * n); }};
+      g.exchange(check, 10s);
+      for (int b = 0; b < n; ++b) {
+        if (seen[3 * b] != b || seen[3 * b + 1] != 7 || seen[3 * b + 2] != -b) return 4;
+      }
+      return 0;
+    });
+    expect_all_zero(codes);
+  }
+}
+
+TEST(ShmCollectives, FailedCheckFailsEveryRankAndKeepsTheGroupUsable) {
+  // Rank 0 all_reduces 16 elements, rank 1 only checks (its collective took
+  // another transport) with a different word: both fail in the same step,
+  // nothing is reduced, and the next collective works.
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    const int r = g.rank();
+    int64_t word = 10 + r;
+    auto verify = [](const int64_t* all) {
+      if (all[0] != all[1]) throw std::runtime_error("mismatch");
+    };
+    neuronrt::ShmCheck check{&word, 1, verify};
+    std::vector<float> v(16, 1.0f + r);
+    try {
+      if (r == 0) {
+        g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s, &check);
+      } else {
+        g.exchange(check, 10s);
+      }
+      return 1;
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()) != "mismatch") return 2;
+    }
+    if (v[0] != 1.0f + r) return 3;  // untouched
+    word = 42;  // now they agree
+    g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s, &check);
+    for (float x : v) {
+      if (x != 3.0f) return 4;
+    }
+    return 0;
+  });
+  expect_all_zero(codes);
+}
+
+TEST(ShmCollectives, ManyBackToBackCollectivesStayInStep) {
+  // Alternating halves: fast ranks must never overwrite what a slow rank
+  // still reads. Rank 1 sleeps now and then to fall behind.
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    std::vector<float> v(3000);
+    for (int it = 0; it < 200; ++it) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(g.rank() + it + i % 5);
+      if (g.rank() == 1 && it % 37 == 0) std::this_thread::sleep_for(2ms);
+      g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (v[i] != static_cast<float>(1 + 2 * (it + i % 5))) return 1;
+      }
+    }
+    return 0;
+  });
+  expect_all_zero(codes);
+}
+
+TEST(ShmCollectives, DeadPeerRaisesBeforeTheTimeout) {
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    if (g.rank() == 1) return 0;  // exits without taking part
+    // Give the child time to exit (it is reaped only after this returns:
+    // a zombie counts as gone).
+    std::this_thread::sleep_for(200ms);
+    std::vector<float> v(16, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
+      return 1;
+    } catch (const ShmError& e) {
+      if (e.kind != ShmError::Kind::PeerGone) return 2;
+      if (std::string(e.what()).find("exited") == std::string::npos) return 3;
+    }
+    if (std::chrono::steady_clock::now() - start > 2s) return 4;
+    // The group is unusable from now on, and says so at once.
+    try {
+      g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
+      return 5;
+    } catch (const ShmError& e) {
+      return e.kind == ShmError::Kind::Broken ? 0 : 6;
+    }
+  });
+  expect_all_zero(codes);
+}
+
+TEST(ShmCollectives, HungPeerTimesOut) {
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(1500ms);  // hangs past rank 0's timeout, then exits
+      return 0;
+    }
+    std::vector<float> v(16, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 500ms);
+      return 1;
+    } catch (const ShmError& e) {
+      if (e.kind != ShmError::Kind::Timeout) return 2;
+      if (std::string(e.what()).find("timed out") == std::string::npos) return 3;
+    }
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    return elapsed >= 500ms && elapsed < 1200ms ? 0 : 4;
+  });
+  expect_all_zero(codes);
+}
+
+TEST(ShmCollectives, AbortReleasesAWaiterAndTellsThePeers) {
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    std::vector<float> v(16, 1.0f);
+    g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);  // both are up
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(1s);  // rank 0 waits for us meanwhile, then aborts
+      // Rank 0 published its data for the next step before it aborted, so a
+      // one-shot all_reduce may still complete (with correct values); the
+      // collective after it cannot, and fails at once instead of timing out.
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
+        g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
+        return 1;
+      } catch (const ShmError& e) {
+        if (e.kind != ShmError::Kind::PeerGone) return 2;
+      }
+      return std::chrono::steady_clock::now() - start < 2s ? 0 : 3;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(300ms);
+      g.abort();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    int rc = 0;
+    try {
+      g.all_reduce(v.data(), v.size(), ShmDtype::Float32, ShmReduceOp::Sum, 20s);
+      rc = 4;
+    } catch (const ShmError& e) {
+      rc = e.kind == ShmError::Kind::Aborted ? 0 : 5;
+    }
+    aborter.join();
+    if (std::chrono::steady_clock::now() - start > 900ms) rc = 6;  // released by abort, not by rank 1
+    return rc;
+  });
+  expect_all_zero(codes);
+}
