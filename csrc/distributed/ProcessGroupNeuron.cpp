@@ -40,14 +40,7 @@ bool gloo_has_dtype(at::ScalarType t) {
 }
 
 // A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
-// Launches are asynchronous: besides the transport (launch() synchronizes
-// for it), scratch copies and PREMUL_SUM factors are read on the host before
-// launch(), so the work queued on the caller's current stream, which
-// produces or still uses `t`, runs first here too.
 at::Tensor host_view(const at::Tensor& t) {
-  if (t.defined() && t.device().is_privateuseone()) {
-    at::neuron::rt_call([&] { neuronrt::current_stream(t.device().index()).synchronize(); });
-  }
   return at::neuron::host_alias(t);
 }
 
