@@ -11,6 +11,7 @@ abort and timeouts that name the collective.
 Registered when ``torch_neuronx`` is imported (``import torch`` autoloads it);
 ``torch.distributed`` is already imported by then, so this costs nothing.
 """
+import os
 from datetime import timedelta
 
 import torch
@@ -48,8 +49,12 @@ def _create_backend(backend_opts, pg_options):
     options._timeout = timeout
     options.group_name = backend_opts.group_id
     options.global_ranks_in_group = list(backend_opts.global_ranks_in_group)
-    # The transport rendezvous under its own prefix of the group's store.
-    store = dist.PrefixStore("neuron/gloo/", backend_opts.store)
+    # The transport rendezvous under its own prefix of the group's store. A
+    # torchrun restart reuses the agent's store, where the previous attempt's
+    # Gloo addresses remain: Gloo would read a dead peer's address and fail
+    # (or wait forever), so each attempt gets its own prefix.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"neuron/gloo/{attempt}/", backend_opts.store)
     transport = dist.ProcessGroupGloo(store, backend_opts.group_rank, backend_opts.group_size, timeout)
     # The store also carries the intra-node shared-memory rendezvous (C++).
     return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options,

@@ -128,7 +128,7 @@ void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op,
 at::Scalar premul_factor(const ReduceOp& op) {
   auto sup = c10::dynamic_intrusive_pointer_cast<PreMulSumSupplement>(op.supplement_);
   TORCH_CHECK(sup, "ReduceOp.PREMUL_SUM has no factor: create it with torch.distributed._make_nccl_premul_sum");
-  if (sup->tensor_factor.defined()) return at::neuron::host_alias(sup->tensor_factor).reshape({}).item();
+  if (sup->tensor_factor.defined()) return host_view(sup->tensor_factor).reshape({}).item();
   return sup->double_factor;
 }
 
@@ -351,9 +351,8 @@ bool ProcessGroupNeuron::WorkNeuron::wait(std::chrono::milliseconds timeout) {
                                                " ms (the peer may have hung or exited)"));
   }
   if (exception_) std::rethrow_exception(exception_);
-  // Streams: launches are synchronous today, so the outputs are ready. Once
-  // they are asynchronous, block the current neuron stream on an event
-  // recorded when the transport finished.
+  // Streams: the transport wrote the outputs on the host before completing,
+  // and kernels launched after this returns are queued behind it.
   return true;
 }
 
@@ -970,6 +969,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output,
   agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
+  // The output is any contiguous tensor of world x input elements (as NCCL
+  // takes it; SyncBatchNorm passes [1, world * n]). Gloo splits it along
+  // dim 0, so it gets the flat views.
+  if (hostOut.is_contiguous() && hostIn.is_contiguous()) {
+    hostOut = hostOut.view({-1});
+    hostIn = hostIn.view({-1});
+  }
   return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
                 [&] { return gloo_->_allgather_base(hostOut, hostIn, opts); });
 }
@@ -1162,20 +1168,109 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
       });
 }
 
+// p2p argument check. Gloo moves p2p messages as bytes: a receive buffer
+// larger than the message or of another dtype silently gets garbage. So
+// (unless TORCH_NEURONX_COLLECTIVE_CHECK=0) each send is preceded by a small
+// header (sender, dtype, numel, sizes) on a reserved tag, and the receiver
+// compares it with its buffer once the message is in, raising
+// DistBackendError on a mismatch. Both are posted eagerly, in the caller's
+// order, on two tags that are each FIFO per pair of ranks, so several
+// messages in flight between two ranks stay matched and no wait depends on
+// another rank's completion thread. (A message larger than the receive
+// buffer still makes Gloo abort the receiving process: Gloo checks that
+// before anything of ours runs.)
+namespace {
+constexpr int64_t kP2PMagic = 0x4e52505032505031;  // "NRPP2PP1"
+constexpr int kP2PMaxDims = 8;
+constexpr int64_t kP2PHeaderWords = 5 + kP2PMaxDims;  // magic, sender, dtype, numel, ndim, sizes
+constexpr int kP2PHeaderTagBit = 1 << 30;
+
+int p2p_header_tag(int tag) {
+  TORCH_CHECK_VALUE(tag >= 0 && tag < kP2PHeaderTagBit, "neuron backend: p2p tags must be in [0, 2^30) (the ",
+                    "argument check reserves the rest), got ", tag,
+                    "; TORCH_NEURONX_COLLECTIVE_CHECK=0 lifts the limit");
+  return tag | kP2PHeaderTagBit;
+}
+
+at::Tensor p2p_header(const at::Tensor& t, int rank) {
+  at::Tensor h = at::zeros({kP2PHeaderWords}, at::kLong);
+  int64_t* p = h.data_ptr<int64_t>();
+  p[0] = kP2PMagic;
+  p[1] = rank;
+  p[2] = static_cast<int64_t>(t.scalar_type());
+  p[3] = t.numel();
+  p[4] = t.dim();
+  for (int64_t d = 0; d < t.dim() && d < kP2PMaxDims; ++d) p[5 + d] = t.size(d);
+  return h;
+}
+
+std::string p2p_describe(const int64_t* p) {
+  std::vector<int64_t> sizes(p + 5, p + 5 + std::min<int64_t>(p[4], kP2PMaxDims));
+  return c10::str(static_cast<at::ScalarType>(p[2]), c10::IntArrayRef(sizes), p[4] > kP2PMaxDims ? "..." : "",
+                  " (", p[3], " elements)");
+}
+}  // namespace
+
 c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   auto host = to_host(tensors);
-  // Gloo sends straight from the buffer: keep the aliases alive until done.
+  if (!checkAgreement_ || tensors.size() != 1) {
+    // Gloo sends straight from the buffer: keep the aliases alive until done.
+    return launch(OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
+                  [host]() {});
+  }
+  std::vector<at::Tensor> header{p2p_header(tensors[0], rank_)};
+  auto headerWork = gloo_->send(header, dstRank, p2p_header_tag(tag));
+  const auto timeout = effectiveTimeout(kUnsetTimeout);
+  // The header left before the message (same pair, FIFO): its work is done
+  // by the time the message's is, and this is its only waiter.
   return launch(OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
-                [host]() {});
+                [host, header, headerWork, timeout]() { headerWork->wait(timeout); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::recvChecked(std::vector<at::Tensor>& tensors, int srcRank, int tag,
+                                                         OpType type) {
+  auto host = to_host(tensors);
+  std::vector<at::Tensor> header{at::empty({kP2PHeaderWords}, at::kLong)};
+  const at::Tensor expected = p2p_header(tensors[0], rank_);
+  const int headerTag = p2p_header_tag(tag);
+  const auto timeout = effectiveTimeout(kUnsetTimeout);
+  // From any source, the header is received from the message's sender once
+  // the message is in (the sender sent it first, so it is waiting).
+  auto headerWork = std::make_shared<c10::intrusive_ptr<Work>>();
+  auto message = std::make_shared<c10::intrusive_ptr<Work>>();
+  if (srcRank >= 0) *headerWork = gloo_->recv(header, srcRank, headerTag);
+  auto gloo = gloo_;
+  auto after = [gloo, host, header, headerWork, message, expected, headerTag, tag, timeout, rank = rank_]() mutable {
+    if (!*headerWork) *headerWork = gloo->recv(header, (*message)->sourceRank(), headerTag);
+    (*headerWork)->wait(timeout);
+    const int64_t* got = header[0].data_ptr<int64_t>();
+    const int64_t* want = expected.data_ptr<int64_t>();
+    TORCH_CHECK(got[0] == kP2PMagic, "p2p argument check: rank ", rank, " read a malformed header (a peer with ",
+                "TORCH_NEURONX_COLLECTIVE_CHECK=0, or the tag in use outside the neuron backend?)");
+    if (got[2] != want[2] || got[3] != want[3]) {
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str("p2p mismatch: rank ", got[1], " sent ", p2p_describe(got), " but rank ", rank,
+                               " receives into ", p2p_describe(want), " (tag ", tag, ")"));
+    }
+  };
+  return launch(type, kUnsetTimeout, tensors,
+                [&] {
+                  *message = srcRank < 0 ? gloo_->recvAnysource(host, tag) : gloo_->recv(host, srcRank, tag);
+                  return *message;
+                },
+                std::move(after));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  if (checkAgreement_ && tensors.size() == 1) return recvChecked(tensors, srcRank, tag, OpType::RECV);
   auto host = to_host(tensors);
   return launch(OpType::RECV, kUnsetTimeout, tensors, [&] { return gloo_->recv(host, srcRank, tag); },
                 [host]() {});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  // The header names the sender; sourceRank() reads it from the header's work.
+  if (checkAgreement_ && tensors.size() == 1) return recvChecked(tensors, -1, tag, OpType::RECVANYSOURCE);
   auto host = to_host(tensors);
   return launch(OpType::RECVANYSOURCE, kUnsetTimeout, tensors, [&] { return gloo_->recvAnysource(host, tag); },
                 [host]() {});
@@ -1183,8 +1278,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tenso
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::barrier(const BarrierOptions& opts) {
   // opts.device (from device_ids or the bound device) names the device whose
-  // queued work must finish first; launches are synchronous today, so Gloo's
-  // barrier is the whole of it.
+  // queued work must finish first.
+  if (opts.device && opts.device->is_privateuseone()) {
+    at::neuron::rt_call([&] { neuronrt::current_stream(opts.device->index()).synchronize(); });
+  }
   return launch(OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
 }
 

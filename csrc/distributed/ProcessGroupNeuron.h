@@ -172,6 +172,8 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   // all_to_all splits pairwise) over one small allgather, and all raise the
   // same error on a mismatch: Gloo would abort the process or move garbage.
   // TORCH_NEURONX_COLLECTIVE_CHECK=0 turns it off (saves a round trip).
+  // recv / recvAnysource (srcRank < 0) with the p2p argument check.
+  c10::intrusive_ptr<Work> recvChecked(std::vector<at::Tensor>& tensors, int srcRank, int tag, OpType type);
   void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
              const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {});
   // What a rank publishes for the check, and the mismatch report (empty when

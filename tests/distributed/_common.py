@@ -110,26 +110,32 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(script, nproc=WORLD, timeout=120, env=None, args=()):
-    """Runs ``script`` (source) under torchrun with ``nproc`` ranks on this
-    checkout; returns (CompletedProcess, elapsed seconds)."""
-    import tempfile
-
+def launcher_env(env=None):
+    """Environment for a launcher (torchrun, accelerate) run on this checkout:
+    no inherited device or rank configuration, one OpenMP thread, plus ``env``."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(textwrap.dedent(script))
-        path = f.name
     full_env = dict(os.environ)
     for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
         full_env.pop(key, None)
     full_env["PYTHONPATH"] = root + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env["OMP_NUM_THREADS"] = "1"
     full_env.update(env or {})
+    return full_env
+
+
+def torchrun(script, nproc=WORLD, timeout=120, env=None, args=()):
+    """Runs ``script`` (source) under torchrun with ``nproc`` ranks on this
+    checkout; returns (CompletedProcess, elapsed seconds)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(textwrap.dedent(script))
+        path = f.name
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", *args, path]
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=launcher_env(env), capture_output=True, text=True, timeout=timeout)
     finally:
         os.remove(path)
     return proc, time.monotonic() - start

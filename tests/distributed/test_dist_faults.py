@@ -149,6 +149,51 @@ dist.destroy_process_group()
     assert "float32 x" not in proc.stdout and proc.stdout.count("SUM [3.0, 3.0, 3.0, 3.0]") == 2
 
 
+def test_mismatched_p2p_raises_on_the_receiver(tmp_path):
+    # Gloo alone: a larger or other-dtype receive buffer silently gets
+    # garbage. (A smaller one still aborts the receiving process: Gloo checks
+    # that in its transport thread, before the backend sees the message.)
+    proc, rs = job("""
+def p2p(send, recv):
+    if rank == 0:
+        dist.send(send, 1)
+    else:
+        dist.recv(recv, 0)
+attempt("bigger", lambda: p2p(torch.ones(4, device=dev), torch.zeros(8, device=dev)))
+attempt("dtype", lambda: p2p(torch.ones(4, device=dev), torch.zeros(4, device=dev, dtype=torch.int32)))
+def any_source():
+    if rank == 0:
+        dist.isend(torch.ones(3, device=dev), 1).wait()
+    else:
+        dist.irecv(torch.zeros(2, 3, device=dev)).wait()
+attempt("any_source", any_source)
+# Every mismatched message was consumed: the pair still works, in both directions.
+t = torch.full((4,), float(rank + 1), device=dev)
+attempt("after", lambda: p2p(t, t))
+ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank), device=dev), 1 - rank),
+       dist.P2POp(dist.isend, torch.full((3,), 10.0 + rank, device=dev), 1 - rank),
+       dist.P2POp(dist.irecv, torch.zeros(2, device=dev), 1 - rank),
+       dist.P2POp(dist.irecv, torch.zeros(3, device=dev), 1 - rank)]
+attempt("batch", lambda: [w.wait() for w in dist.batch_isend_irecv(ops)])
+sys.stdout.write(f"GOT {rank} {t.cpu().tolist()} {ops[2].tensor.cpu().tolist()} {ops[3].tensor.cpu().tolist()}\\n")
+sys.stdout.flush()
+dist.destroy_process_group()
+""", tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    mine = {r["op"]: r for r in rs if r["rank"] == 1}
+    for op, sent, into in (("bigger", "Float[4]", "Float[8]"), ("dtype", "Float[4]", "Int[4]"),
+                           ("any_source", "Float[3]", "Float[2, 3]")):
+        r = mine[op]
+        assert r["error"] == "DistBackendError", r
+        assert f"rank 0 sent {sent}" in r["msg"] and f"rank 1 receives into {into}" in r["msg"], r
+        assert r["elapsed"] < 2, r
+    for r in rs:
+        if r["rank"] == 0 or r["op"] in ("after", "batch"):
+            assert r["error"] is None, r
+    assert "GOT 1 [1.0, 1.0, 1.0, 1.0] [0.0, 0.0] [10.0, 10.0, 10.0]" in proc.stdout, proc.stdout
+    assert "GOT 0 [1.0, 1.0, 1.0, 1.0] [1.0, 1.0] [11.0, 11.0, 11.0]" in proc.stdout, proc.stdout
+
+
 @pytest.mark.parametrize("check", ["1", "0"], ids=["blocked_in_launch", "unwaited_work"])
 def test_timeout_exits_process_by_default(check, tmp_path):
     """TORCH_NEURONX_ASYNC_ERROR_HANDLING defaults to 3 (as NCCL's): a
