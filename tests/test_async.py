@@ -219,7 +219,9 @@ def test_queued_kernels_run_below_autograd_like_their_caller():
     with torch.inference_mode():
         x = torch.randn(16, device="neuron")
         inside = (x > 0).any()
+        mean = x.reshape(4, 4).mean(-1, keepdim=True)
     outside = (x > 0).any() & (x < 10).all()
     torch.neuron.synchronize()
     assert inside.item() == bool((x.cpu() > 0).any())
+    assert_same(mean, x.cpu().reshape(4, 4).mean(-1, keepdim=True))
     assert outside.item() == bool((x.cpu() > 0).any() & (x.cpu() < 10).all())

@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <mutex>
@@ -282,12 +283,13 @@ at::Tensor operand(const at::Tensor& t) {
 
 // What a kernel takes over from the thread that launched it: the intra-op
 // thread count (OpenMP keeps it per thread, and torch.set_num_threads sets only
-// the caller's), and the dispatch keys the caller had excluded (it runs below
-// autograd: ATen ops the CPU kernel calls must skip the autograd layer there
-// too, or an out= kernel's own fill_ on an inference tensor is refused).
+// the caller's), the dispatch keys the caller had excluded (it runs below
+// autograd) and its autograd state (inference mode: ATen refuses in-place
+// writes to the inference tensors an out= kernel fills outside of it).
 struct CallerState {
   int threads = at::get_num_threads();
   c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  c10::AutogradState autograd = c10::AutogradState::get_tls_state();
 
   void apply() const {
     thread_local int current = -1;
@@ -296,6 +298,7 @@ struct CallerState {
       current = threads;
     }
     c10::impl::_force_tls_local_dispatch_key_set(keys);
+    c10::AutogradState::set_tls_state(autograd);
   }
 };
 
