@@ -4,7 +4,7 @@
 # NKI tests in protect mode, a subset with synchronous launches, then the
 # Python tests (device, ops incl. the OpInfo differential subset, autograd, HF, Diffusers, NKI, tools, and
 # torch.distributed on the `neuron` backend: world-2 jobs in tests/distributed,
-# about 6 minutes; pass -m "not distributed" to skip them).
+# about 10 minutes; pass -m "not distributed" to skip them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctest --test-dir build/cmake --output-on-failure
