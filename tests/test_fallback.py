@@ -126,3 +126,14 @@ def test_disable_fallback_env():
     assert out["report"] == {}
     assert out["table_op"] == [0, 3, 6, 9]
     assert out["cpu_op"] == [0.0, 2.0, 1.0, 3.0]
+
+
+def test_ops_doc_is_generated_from_the_live_registry():
+    # docs/ops.md must match tools/gen_op_table.py's output for this build.
+    import pathlib
+    import subprocess
+    import sys
+
+    tool = pathlib.Path(__file__).resolve().parents[1] / "tools" / "gen_op_table.py"
+    proc = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

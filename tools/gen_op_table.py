@@ -14,15 +14,18 @@ import torch_neuronx
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ops.md"
 
-# Kernels in csrc/aten/{NativeOps,Attention,Convolution}.cpp (not host-executed).
+# Kernels in csrc/aten/{NativeOps,Attention,Convolution,SyncBatchNorm}.cpp (not host-executed).
 DEDICATED = {
     "memory and metadata": ["empty.memory_format", "empty_strided", "as_strided", "view", "_reshape_alias",
                             "resize_", "set_.source_Storage", "set_.source_Storage_storage_offset",
                             "set_.source_Tensor", "_has_compatible_shallow_copy_type", "record_stream"],
     "copies and host reads": ["_copy_from", "_copy_from_and_resize", "_local_scalar_dense"],
     "attention": ["_fused_sdp_choice", "_scaled_dot_product_fused_attention_overrideable",
-                  "_scaled_dot_product_fused_attention_overrideable_backward"],
+                  "_scaled_dot_product_fused_attention_overrideable_backward", "_scaled_dot_product_flash_attention",
+                  "_scaled_dot_product_flash_attention_backward"],
     "convolution": ["convolution_overrideable", "convolution_backward_overrideable"],
+    "SyncBatchNorm statistics": ["batch_norm_stats", "batch_norm_gather_stats", "batch_norm_gather_stats_with_counts",
+                                 "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt"],
 }
 
 
