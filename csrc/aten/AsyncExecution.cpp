@@ -288,8 +288,17 @@ at::Tensor operand(const at::Tensor& t) {
 // writes to the inference tensors an out= kernel fills outside of it).
 struct CallerState {
   int threads = at::get_num_threads();
-  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  c10::impl::LocalDispatchKeySet keys = excluded_keys();
   c10::AutogradState autograd = c10::AutogradState::get_tls_state();
+
+  // Only the exclusions: keys the caller includes beyond the defaults (e.g.
+  // PythonDispatcher while tracing) need Python-side state the executor does
+  // not have, and a kernel calls CPU ops on host aliases only.
+  static c10::impl::LocalDispatchKeySet excluded_keys() {
+    c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+    keys.included_ = c10::default_included_set;
+    return keys;
+  }
 
   void apply() const {
     thread_local int current = -1;
