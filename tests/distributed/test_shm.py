@@ -38,10 +38,11 @@ def run(script, env=None, timeout=180, timeout_s=60):
 
 def test_shm_is_used_on_one_host_and_off_with_env():
     proc, _ = run("""
-print("USES", rank, backend().uses_shm, flush=True)
+# One write per line: the ranks share stdout, and print's pieces interleave.
+os.write(1, f"USES {rank} {backend().uses_shm}\\n".encode())
 os.environ["TORCH_NEURONX_SHM"] = "0"
 off = dist.new_group(backend="neuron")
-print("OFF", rank, backend(off).uses_shm, flush=True)
+os.write(1, f"OFF {rank} {backend(off).uses_shm}\\n".encode())
 dist.destroy_process_group()
 """)
     assert proc.returncode == 0, proc.stderr[-4000:]
