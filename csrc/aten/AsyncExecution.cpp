@@ -311,6 +311,17 @@ struct CallerState {
   }
 };
 
+// Runs a kernel body; a c10::Error is reported at a later synchronization
+// point, so it keeps the message, not the executor thread's C++ backtrace.
+template <typename F>
+void run_reporting(F&& body) {
+  try {
+    body();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
+  }
+}
+
 class OpKernel final : public neuronrt::Kernel {
  public:
   OpKernel(const c10::OperatorHandle& op, Mode mode, const char* name, Args args, Outs outputs)
@@ -319,15 +330,7 @@ class OpKernel final : public neuronrt::Kernel {
 
   const char* name() const noexcept override { return name_; }
 
-  void run() override {
-    try {
-      execute();
-    } catch (const c10::Error& e) {
-      // Reported at a later synchronization point: the message, not the
-      // C++ backtrace of the executor thread.
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  }
+  void run() override { run_reporting([&] { execute(); }); }
 
  private:
   void execute() {
@@ -358,12 +361,10 @@ class CopyKernel final : public neuronrt::Kernel {
       : src_(host_alias(src)), dst_(host_alias(dst)), name_(name) {}
   const char* name() const noexcept override { return name_; }
   void run() override {
-    caller_.apply();
-    try {
+    run_reporting([&] {
+      caller_.apply();
       dst_.copy_(src_);
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
+    });
   }
 
  private:

@@ -7,6 +7,7 @@ rank (bit for bit: the same values are reduced in the same order), or, where
 Gloo has no answer (PREMUL_SUM, fp8), the result of the equivalent Gloo
 computation.
 """
+import json
 import os
 import socket
 import subprocess
@@ -139,3 +140,32 @@ def torchrun(script, nproc=WORLD, timeout=120, env=None, args=()):
     finally:
         os.remove(path)
     return proc, time.monotonic() - start
+
+
+# Fault jobs: each rank records every attempted op (error type, message,
+# elapsed time) as JSON lines in its own file, FAULT_RESULTS.<rank>: the
+# ranks' stdout lines interleave. Prepend to a job that defines ``rank``.
+ATTEMPT = """
+def attempt(name, fn):
+    start = time.monotonic()
+    try:
+        fn()
+        err, msg = None, ""
+    except Exception as e:
+        err, msg = type(e).__name__, str(e)
+    with open(os.environ["FAULT_RESULTS"] + f".{rank}", "a") as f:
+        f.write(json.dumps({"rank": rank, "op": name, "error": err, "msg": msg[:2000],
+                            "elapsed": time.monotonic() - start}) + "\\n")
+"""
+
+
+def read_attempts(base, ranks):
+    """The records ATTEMPT wrote under FAULT_RESULTS=``base`` for ``ranks``, in rank order."""
+    out = []
+    for rank in ranks:
+        try:
+            with open(f"{base}.{rank}") as f:
+                out += [json.loads(line) for line in f]
+        except FileNotFoundError:
+            pass
+    return out

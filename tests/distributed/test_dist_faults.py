@@ -6,11 +6,10 @@ on every rank (Gloo alone aborts the process or moves garbage).
 Each case is a torchrun job (world 2) with a 3 s group timeout; rank 0
 write JSON lines that the test checks, plus exit codes and elapsed times.
 """
-import json
 
 import pytest
 
-from _common import torchrun
+from _common import ATTEMPT, read_attempts, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -23,32 +22,14 @@ TIMEOUT = {TIMEOUT_S}
 dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=TIMEOUT))
 rank = dist.get_rank()
 dev = torch.device("neuron", rank)
-
-def attempt(name, fn):
-    start = time.monotonic()
-    try:
-        fn()
-        err, msg = None, ""
-    except Exception as e:
-        err, msg = type(e).__name__, str(e)
-    # One file per rank: the ranks' stdout lines interleave.
-    with open(os.environ["FAULT_RESULTS"] + f".{{rank}}", "a") as f:
-        f.write(json.dumps({{"rank": rank, "op": name, "error": err, "msg": msg[:2000],
-                            "elapsed": time.monotonic() - start}}) + "\\n")
-"""
+""" + ATTEMPT
 
 
 def job(script, tmp_path, timeout, env=None):
     """Runs the PRELUDE + script job; returns (proc, results of rank 0 then rank 1)."""
     base = str(tmp_path / "results")
     proc, _ = torchrun(PRELUDE + script, timeout=timeout, env={"FAULT_RESULTS": base, **(env or {})})
-    out = []
-    for rank in (0, 1):
-        try:
-            with open(f"{base}.{rank}") as f:
-                out += [json.loads(line) for line in f]
-        except FileNotFoundError:
-            pass
+    out = read_attempts(base, (0, 1))
     assert out, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc, out
 

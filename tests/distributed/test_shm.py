@@ -9,11 +9,10 @@
 - protect mode: with ``NEURON_RT_PROTECT=1`` the fast path reads and writes
   device memory only inside runtime launches (a bypass would fault).
 """
-import json
 
 import pytest
 
-from _common import torchrun
+from _common import ATTEMPT, read_attempts, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -132,17 +131,7 @@ dist.destroy_process_group()
         assert line.endswith("BAD []"), line
 
 
-FAULT = """
-def attempt(name, fn):
-    start = time.monotonic()
-    try:
-        fn()
-        err, msg = None, ""
-    except Exception as e:
-        err, msg = type(e).__name__, str(e)
-    with open(os.environ["FAULT_RESULTS"] + f".{rank}", "a") as f:
-        f.write(json.dumps({"rank": rank, "op": name, "error": err, "msg": msg[:2000],
-                            "elapsed": time.monotonic() - start}) + "\\n")
+FAULT = ATTEMPT + """
 assert backend().uses_shm
 big = torch.ones(3 * 2**20, device=dev)  # 12 MiB: many steps
 dist.all_reduce(big)  # both are up
@@ -153,11 +142,7 @@ def fault_job(script, tmp_path, env):
     base = str(tmp_path / "results")
     proc, _ = run(FAULT + script, timeout=90, timeout_s=TIMEOUT_S,
                   env={"FAULT_RESULTS": base, "TORCH_NEURONX_ASYNC_ERROR_HANDLING": "0", **env})
-    try:
-        with open(f"{base}.0") as f:
-            rs = [json.loads(line) for line in f]
-    except FileNotFoundError:
-        rs = []
+    rs = read_attempts(base, (0,))
     assert rs, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc, rs
 
