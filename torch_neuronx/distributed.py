@@ -49,16 +49,17 @@ def _create_backend(backend_opts, pg_options):
     options._timeout = timeout
     options.group_name = backend_opts.group_id
     options.global_ranks_in_group = list(backend_opts.global_ranks_in_group)
-    # The transport rendezvous under its own prefix of the group's store. A
-    # torchrun restart reuses the agent's store, where the previous attempt's
-    # Gloo addresses remain: Gloo would read a dead peer's address and fail
-    # (or wait forever), so each attempt gets its own prefix.
+    # Everything this backend rendezvous (Gloo's addresses, the shared-memory
+    # segment's name and who attached) lives under a per-attempt prefix of the
+    # group's store. A torchrun restart reuses the agent's store, where the
+    # previous attempt's keys remain: a rank would read a dead peer's Gloo
+    # address, or a stale "attached" flag and pick the shared-memory path while
+    # its peer took Gloo, and hang.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"neuron/gloo/{attempt}/", backend_opts.store)
-    transport = dist.ProcessGroupGloo(store, backend_opts.group_rank, backend_opts.group_size, timeout)
-    # The store also carries the intra-node shared-memory rendezvous (C++).
-    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options,
-                              store=backend_opts.store)
+    store = dist.PrefixStore(f"neuron/{attempt}/", backend_opts.store)
+    transport = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), backend_opts.group_rank,
+                                      backend_opts.group_size, timeout)
+    return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options, store=store)
 
 
 def _register():

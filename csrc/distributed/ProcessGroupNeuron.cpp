@@ -280,6 +280,14 @@ bool shm_moves(const at::Tensor& t) {
 std::string store_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> store_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
+// The prefix under which a group rendezvous (its transport and shared-memory
+// keys): a torchrun restart reuses the agent's store, so each attempt needs
+// its own keys. The root group gets the same prefix in torch_neuronx/distributed.py.
+c10::intrusive_ptr<Store> attempt_store(const c10::intrusive_ptr<Store>& store) {
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return c10::make_intrusive<PrefixStore>(c10::str("neuron/", attempt ? attempt : "0", "/"), store);
+}
+
 }  // namespace
 
 // ---- WorkNeuron --------------------------------------------------------------
@@ -399,7 +407,7 @@ void ProcessGroupNeuron::setupShm(const c10::intrusive_ptr<Store>& store) {
   if (env && std::string(env) == "0") return;
   if (!store || size_ < 2) return;
   // Every rank reads every rank's keys, so all reach the same decision.
-  auto s = c10::make_intrusive<PrefixStore>("neuron/shm/", store);
+  auto s = c10::make_intrusive<PrefixStore>("shm/", store);
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   s->set(c10::str("host/", rank_), store_bytes(host));
@@ -833,13 +841,14 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
   std::lock_guard<std::mutex> lock(splitMutex_);
   if (!lastSplitKey_.empty() && key == lastSplitKey_) return lastSplit_;
 
+  const auto childStore = attempt_store(store);
   c10::intrusive_ptr<Backend> childGloo;
   {
     // Gloo warns that our options are not its own and uses its defaults,
     // which is what we want (the timeout is set right after).
     SilentWarnings silent;
     c10::WarningUtils::WarningHandlerGuard guard(&silent);
-    childGloo = gloo_->split(store, ranks, nullptr);
+    childGloo = gloo_->split(c10::make_intrusive<PrefixStore>("gloo/", childStore), ranks, nullptr);
   }
   c10::intrusive_ptr<Backend> child;
   if (childGloo) {
@@ -852,7 +861,7 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
       childOpts->global_ranks_in_group.push_back(g.empty() ? static_cast<uint64_t>(r) : g.at(r));
     }
     child = c10::make_intrusive<ProcessGroupNeuron>(childGloo, childGloo->getRank(), childGloo->getSize(),
-                                                    childOpts, store);
+                                                    childOpts, childStore);
   }
   lastSplitKey_ = key;
   lastSplit_ = child;

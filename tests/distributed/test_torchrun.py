@@ -21,9 +21,11 @@ def test_max_restarts_recovers_after_a_rank_exits():
     # torchrun tears the group down each time and starts a new attempt
     # (TORCHELASTIC_RESTART_COUNT), and attempt 2 must complete. Each new
     # attempt rendezvous in the agent's store, which still holds the dead
-    # attempts' Gloo addresses: without a per-attempt prefix the transport
-    # read them and failed to connect or hung (racy: 2 of 4 single restarts;
-    # two restarts make it likelier to show).
+    # attempts' Gloo addresses and shared-memory keys: without a per-attempt
+    # prefix the transport read them and failed to connect or hung (racy: 2 of
+    # 4 single restarts), or one rank took the shared-memory path on a stale
+    # "attached" flag while its peer took Gloo (2 of 3 runs); two restarts
+    # make it likelier to show.
     proc, _ = torchrun("""
 import datetime, os, sys, torch, torch.distributed as dist
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
