@@ -29,6 +29,23 @@ def test_launch_returns_before_the_kernel_ran():
     assert_same(out, _long_work(a.cpu()), rtol=1e-4, atol=1e-5)
 
 
+def test_compiled_kernels_are_queued():
+    # A compiled graph's C++ kernels are queued like eager ops: the call
+    # returns while the stream still works on what came before it.
+    fn = torch.compile(lambda t: (t.cos() * 2).sum(-1))
+    x = torch.randn(64, 64)
+    xd = x.to("neuron")
+    fn(xd)  # compiled before the stream gets busy
+    a = torch.randn(768, 768, device="neuron") / 768
+    torch.neuron.synchronize()
+    stream = torch.neuron.current_stream()
+    busy = _long_work(a)
+    out = fn(xd)
+    assert not stream.query()
+    assert_same(out, (x.cos() * 2).sum(-1), rtol=1e-5, atol=1e-5)
+    assert_same(busy, _long_work(a.cpu()), rtol=1e-4, atol=1e-5)
+
+
 def test_queued_ops_match_cpu():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 7, generator=g)

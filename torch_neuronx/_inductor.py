@@ -6,9 +6,10 @@ route into Inductor -- default ``torch.compile``, ``backend="neuron"``, any
 ``compile_fx`` caller, ``cpp_wrapper=True`` -- lowers neuron graphs the same
 way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
 fused kernels are Inductor's C++ (CppScheduling) code over the device memory,
-which the host runtime can map (``host_accessible``). Each C++ kernel runs as
-one runtime launch on the current neuron stream, so it touches device memory
-only inside a launch (``NEURON_RT_PROTECT=1``). AOTInductor is not supported
+which the host runtime can map (``host_accessible``). Each C++ kernel is
+queued as one runtime launch on the current neuron stream
+(_inductor_kernels.py), so it touches device memory only inside a launch
+(``NEURON_RT_PROTECT=1``) and the wrapper runs ahead of the kernels. AOTInductor is not supported
 yet (docs/compile.md).
 
 Inductor chooses C++-kernel semantics (dtype propagation, vector codegen) by
@@ -32,6 +33,8 @@ from torch._inductor.codegen.wrapper import SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.virtualized import V
+
+from . import _inductor_kernels
 
 _HOST = torch.device("cpu")
 
@@ -102,18 +105,10 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
-def launch_kernel(device_index: int, name: str, kernel, *args) -> None:
-    """Runs a compiled C++ kernel as one launch on the current stream of
-    ``neuron:device_index`` (called by the generated Python wrapper)."""
-    from . import _C
-
-    _C._launch(device_index, functools.partial(kernel, *args), name)
-
-
-def _launch_line(kernel_name: str, call_args, device) -> str:
-    index = device.index if device.index is not None else torch.neuron.current_device()
-    args = "".join(f", {a}" for a in call_args)
-    return f"neuron_launch_kernel({index}, {kernel_name!r}, {kernel_name}{args})"
+def _launch_line(kernel_name: str, call_args) -> str:
+    # The kernel's binding queues it on the current stream of its tensors'
+    # device (_inductor_kernels.py); the name labels the launch.
+    return f"{kernel_name}({''.join(f'{a}, ' for a in call_args)}{kernel_name!r})"
 
 
 class _NeuronKernelCalls:
@@ -125,7 +120,7 @@ class _NeuronKernelCalls:
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         if not triton and _is_neuron(device):
-            self.writeline(_launch_line(kernel_name, call_args, device))
+            self.writeline(_launch_line(kernel_name, call_args))
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
@@ -139,7 +134,9 @@ class NeuronPythonWrapperCodegen(_NeuronKernelCalls, _PythonWrapperCodegen):
 
     def write_header(self) -> None:
         super().write_header()
-        self.imports.writeline("from torch_neuronx._inductor import launch_kernel as neuron_launch_kernel")
+        # C++ kernels get bindings that launch them asynchronously.
+        self.imports.writeline("from torch_neuronx._inductor_kernels import NeuronAsyncCompile")
+        self.header.writeline("async_compile = NeuronAsyncCompile()")
 
 
 class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapperCodegen):
@@ -223,7 +220,7 @@ class _CodegenVersion(CustomGraphModulePass):
 
     @functools.cache
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
+        return get_hash_for_files((__file__, _inductor_kernels.__file__))
 
 
 @functools.cache

@@ -22,6 +22,7 @@ namespace py = pybind11;
 namespace torch_neuronx {
 void register_memory_snapshot(py::module& m);  // MemorySnapshot.cpp
 void register_nki(py::module& m);              // Nki.cpp
+void register_compiled_kernels(py::module& m);  // CompiledKernels.cpp
 }
 
 namespace {
@@ -78,6 +79,7 @@ PYBIND11_MODULE(_C, m) {
   at::neuron::install_staging_allocator();
   torch_neuronx::register_memory_snapshot(m);
   torch_neuronx::register_nki(m);
+  torch_neuronx::register_compiled_kernels(m);
 
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
         "Registers the device kernel table; returns the registered op names.");
