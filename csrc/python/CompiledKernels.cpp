@@ -32,9 +32,13 @@ using Closure = std::unique_ptr<void, DropFn>;
 class CompiledKernel final : public neuronrt::Kernel {
  public:
   CompiledKernel(const char* name, RunFn run, Closure closure, std::vector<c10::Storage> storages)
-      : name_(name), run_(run), closure_(std::move(closure)), storages_(std::move(storages)) {}
+      : name_(name), run_(run), closure_(std::move(closure)), storages_(std::move(storages)) {
+    for (const c10::Storage& s : storages_) bytes_ += s.nbytes();
+  }
 
   const char* name() const noexcept override { return name_; }
+  // At most what its tensors' storages hold.
+  size_t bytes() const noexcept override { return bytes_; }
   void run() override { run_(closure_.get()); }
 
  private:
@@ -42,6 +46,7 @@ class CompiledKernel final : public neuronrt::Kernel {
   RunFn run_;
   Closure closure_;
   std::vector<c10::Storage> storages_;
+  size_t bytes_ = 0;
 };
 
 // Launch names outlive the launch (the profiler reports them after it ran).
