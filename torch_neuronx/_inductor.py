@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
 from textwrap import dedent
 
 import torch
@@ -147,6 +149,43 @@ class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapp
     pass
 
 
+# torch_neuronx/include: AOTInductor's header for the neuron device
+# (torch/csrc/inductor/aoti_include/neuron.h).
+_AOTI_INCLUDE = os.path.join(os.path.dirname(__file__), "include")
+
+
+def _add_aoti_include_dir() -> None:
+    # AOTInductor precompiles `<torch/csrc/inductor/aoti_include/{device}.h>`
+    # with only torch's include directories on the command line, and Inductor
+    # has no setting for more. The compiler's own search path
+    # (CPLUS_INCLUDE_PATH, searched after every -I) lets it find ours without
+    # shadowing any torch header.
+    paths = [p for p in os.environ.get("CPLUS_INCLUDE_PATH", "").split(os.pathsep) if p]
+    if _AOTI_INCLUDE not in paths:
+        os.environ["CPLUS_INCLUDE_PATH"] = os.pathsep.join([*paths, _AOTI_INCLUDE])
+
+
+# A neuron copy of a host tensor (AOTI: a constant read by a neuron op).
+_NEURON_DEVICE_COPY = """
+    static torch::aot_inductor::RAIIAtenTensorHandle neuron_device_copy(AtenTensorHandle host, int32_t device_index) {
+        int64_t dim;
+        int64_t* sizes;
+        int64_t* strides;
+        int32_t dtype;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(host, &dim));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(host, &sizes));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(host, &strides));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(host, &dtype));
+        AtenTensorHandle device;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+            dim, sizes, strides, dtype, aoti_torch_device_type_privateuse1(), device_index, &device));
+        torch::aot_inductor::RAIIAtenTensorHandle result(device);
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_copy_(device, host, 0));
+        return result;
+    }
+    """
+
+
 class NeuronCppWrapperCodegen(CppWrapperCpu):
     """``cpp_wrapper=True``: the graph's C++ wrapper runs as one launch on the
     current neuron stream. Inside it, aten fallbacks use the CPU C shims
@@ -160,10 +199,25 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
 
     def __init__(self):
         if V.graph.aot_mode:
-            raise NotImplementedError(
-                "AOTInductor (aoti_compile_and_package) is not supported for neuron tensors yet: a packaged model "
-                "needs a neuron AOTI model runner that launches it on the runtime (docs/compile.md)")
+            _add_aoti_include_dir()
         super().__init__()
+        self._constants_on_host = False
+
+    def codegen_model_constructor(self):
+        # AOTI: the model's constants live in its host memory (the container
+        # loads them for the model's device, which AOTI only knows as cpu).
+        self._constants_on_host = True
+        device, self.device = self.device, "neuron"
+        try:
+            super().codegen_model_constructor()
+        finally:
+            self.device = device
+            self._constants_on_host = False
+
+    def codegen_device(self, device):
+        if self._constants_on_host and _is_neuron(device):
+            device = _HOST
+        return super().codegen_device(device)
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
@@ -173,13 +227,49 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
     def get_device_include_path_jit(device: str) -> str:
         return CppWrapperCpu.get_device_include_path_jit("cpu" if device == "neuron" else device)
 
-    @staticmethod
-    def get_device_include_path_aot(device: str) -> str:
-        return CppWrapperCpu.get_device_include_path_aot("cpu" if device == "neuron" else device)
 
     @staticmethod
     def get_c_shim_func_name(kernel: str, device: str) -> str:
         return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu" if device == "neuron" else device)
+
+    def generate_fallback_kernel(self, node):
+        # A CPU C shim that returns new tensors allocates them on the host
+        # (at::cpu:: kernels), next to neuron inputs: wrong device, and ops
+        # built on TensorIterator refuse the mix. Aten fallbacks with neuron
+        # outputs therefore call the op through the dispatcher (a neuron op,
+        # run inside the model's launch): the AOTI proxy executor / Inductor's
+        # runtime lookup, as for ops without a C shim.
+        op = node.op_overload
+        if _is_neuron(node.get_device()) and isinstance(op, torch._ops.OpOverload):
+            exported_args = node.export_extern_kernel_node()
+            self.generate_fallback_kernel_with_runtime_lookup(
+                node.get_name(), node.python_kernel_name, lambda: [*node.codegen_args(), *node.codegen_kwargs()], op,
+                exported_args, node.outputs if node.outputs else node.mutation_outputs)
+            return
+        super().generate_fallback_kernel(node)
+
+    def codegen_runtime_lookup_tensor_call_args(self, tensor_call_args):
+        # AOTI keeps the model's constants in its host memory (CPU tensors).
+        # An aten fallback run through the dispatcher as a neuron op gets a
+        # device copy of the constants it reads (a neuron op refuses host
+        # tensors), made inside the model's launch.
+        args = super().codegen_runtime_lookup_tensor_call_args(tensor_call_args)
+        if not V.graph.aot_mode or not V.graph.constants:
+            return args
+        constant = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, V.graph.constants)))
+        result = []
+        for arg in args:
+            if constant.search(arg):
+                name = f"neuron_constant_{next(self.arg_var_id)}"
+                self.writeline(f"RAIIAtenTensorHandle {name} = neuron_device_copy({arg}, this->device_idx_);")
+                arg = f"{name}.get()"
+            result.append(arg)
+        return result
+
+    def write_header(self):
+        super().write_header()
+        if V.graph.aot_mode and not V.graph.is_const_graph:
+            self.header.splice(_NEURON_DEVICE_COPY)
 
     def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
         super().generate_c_shim_extern_kernel_call(kernel, args, "cpu" if device == "neuron" else device, **kwargs)
