@@ -31,13 +31,15 @@ class Block(torch.nn.Module):
 class Fallbacks(torch.nn.Module):
     """mm, softmax and index ops next to fused kernels. topk, sort,
     index_add, embedding_bag and searchsorted are aten fallbacks (neuron ops
-    through the dispatcher inside the model's launch); index_add and
-    embedding_bag read the model's constants; int64 outputs."""
+    through the dispatcher inside the model's launch); index_add,
+    embedding_bag and the convolution read the model's constants; int64
+    outputs."""
 
     def __init__(self):
         super().__init__()
         self.w = torch.nn.Parameter(torch.randn(8, 8))
         self.register_buffer("table", torch.randn(10, 8))
+        self.conv = torch.nn.Conv1d(1, 2, 3, padding=1)
 
     def forward(self, x, idx):
         h = torch.mm(x, self.w).softmax(-1)
@@ -47,7 +49,7 @@ class Fallbacks(torch.nn.Module):
         ordered, order = acc.sort(-1)
         bags = torch.nn.functional.embedding_bag(idx.remainder(10).view(-1, 1), self.table, mode="sum")
         buckets = torch.searchsorted(ordered[:1].expand(h.shape[0], -1).contiguous(), h)
-        return vals, picked, ordered, order, bags + self.table.index_select(0, idx), buckets
+        return vals, picked, ordered, order, bags + self.table.index_select(0, idx), buckets, self.conv(x[:, None])
 
 
 def _neuron_copy(cpu_module):
@@ -119,7 +121,7 @@ def test_fallbacks_package_dynamic_batch_matches_cpu(fallbacks, fallbacks_packag
     idx = torch.randint(0, 10, (batch,))
     got = model(x.to(DEV), idx.to(DEV))
     want = fallbacks(x, idx)
-    assert len(got) == len(want) == 6
+    assert len(got) == len(want) == 7
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert_same(g, w, **FP32)

@@ -8,8 +8,9 @@ way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
 fused kernels are Inductor's C++ (CppScheduling) code over the device memory,
 which the host runtime can map (``host_accessible``). Each C++ kernel runs as
 one runtime launch on the current neuron stream, so it touches device memory
-only inside a launch (``NEURON_RT_PROTECT=1``). AOTInductor is not supported
-yet (docs/compile.md).
+only inside a launch (``NEURON_RT_PROTECT=1``). AOTInductor packages the
+same C++ wrapper; the neuron AOTI model runner (csrc/python/AotiRunner.cpp)
+runs a loaded package as one launch per call (docs/compile.md).
 
 Inductor chooses C++-kernel semantics (dtype propagation, vector codegen) by
 the *current device* being ``cpu``, and treats every other device as a Triton
@@ -187,15 +188,21 @@ _NEURON_DEVICE_COPY = """
 
 
 class NeuronCppWrapperCodegen(CppWrapperCpu):
-    """``cpp_wrapper=True``: the graph's C++ wrapper runs as one launch on the
-    current neuron stream. Inside it, aten fallbacks use the CPU C shims
-    (``aoti_torch_cpu_*``: host kernels over the host-mappable device memory,
-    as the fused kernels are) and buffers are allocated on neuron.
+    """The C++ wrapper of neuron graphs: ``cpp_wrapper=True`` and AOTInductor.
 
-    AOTInductor is not supported yet: a packaged model runs outside Python,
-    so the launch would have to come from a neuron AOTI model runner
-    (``RegisterAOTIModelRunner``), and AOTI builds per ``GraphLowering.device_type``
-    (``aoti_include/neuron.h`` precompiled header, ``AOTI_DEVICE_KEY``)."""
+    The wrapper runs as one launch on the current neuron stream: under
+    ``cpp_wrapper=True`` its Python entry is wrapped in ``C._launch``; an AOTI
+    package (``AOTI_DEVICE_KEY`` "neuron") is run by the neuron AOTI model
+    runner. Inside, buffers are allocated on neuron, ``_out`` aten fallbacks
+    use the CPU C shims (``aoti_torch_cpu_*``: host kernels over the
+    host-mappable device memory, as the fused kernels are), and fallbacks that
+    return new tensors are called through the dispatcher as neuron ops.
+
+    AOTI specifics: the generated model only knows AOTI's own devices and is
+    created as a cpu model, so its constants live in its host memory (CPU
+    tensors) and a neuron fallback reading one gets a device copy; AOTI
+    includes and precompiles ``torch/csrc/inductor/aoti_include/neuron.h``,
+    which torch_neuronx ships (``_AOTI_INCLUDE``)."""
 
     def __init__(self):
         if V.graph.aot_mode:
@@ -204,8 +211,11 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
         self._constants_on_host = False
 
     def codegen_model_constructor(self):
-        # AOTI: the model's constants live in its host memory (the container
-        # loads them for the model's device, which AOTI only knows as cpu).
+        # AOTI: the model's constants are recorded as cpu constants, which the
+        # container loads into the model's host memory (a cpu model refuses
+        # constants of any other device). The wrapper's device reads "neuron"
+        # meanwhile: Inductor's check that constants are on the model's device
+        # or the host then accepts the neuron ones.
         self._constants_on_host = True
         device, self.device = self.device, "neuron"
         try:
@@ -248,23 +258,34 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
             return
         super().generate_fallback_kernel(node)
 
-    def codegen_runtime_lookup_tensor_call_args(self, tensor_call_args):
+    def _device_copies(self, args):
         # AOTI keeps the model's constants in its host memory (CPU tensors).
-        # An aten fallback run through the dispatcher as a neuron op gets a
-        # device copy of the constants it reads (a neuron op refuses host
-        # tensors), made inside the model's launch.
-        args = super().codegen_runtime_lookup_tensor_call_args(tensor_call_args)
+        # A neuron op refuses host tensors, so a fallback that runs as one
+        # (through the dispatcher) gets a device copy of each constant it
+        # reads, made inside the model's launch.
         if not V.graph.aot_mode or not V.graph.constants:
-            return args
+            return list(args)
         constant = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, V.graph.constants)))
         result = []
         for arg in args:
-            if constant.search(arg):
+            if isinstance(arg, str) and constant.search(arg):
                 name = f"neuron_constant_{next(self.arg_var_id)}"
                 self.writeline(f"RAIIAtenTensorHandle {name} = neuron_device_copy({arg}, this->device_idx_);")
                 arg = f"{name}.get()"
             result.append(arg)
         return result
+
+    def codegen_runtime_lookup_tensor_call_args(self, tensor_call_args):
+        # Fallbacks through the dispatcher (generate_fallback_kernel).
+        return self._device_copies(super().codegen_runtime_lookup_tensor_call_args(tensor_call_args))
+
+    def generate_c_shim_extern_kernel_alloc(self, extern_kernel, args):
+        # A shim that returns a new tensor (convolution) is a composite op: it
+        # dispatches to neuron ops. `_out` shims (mm, addmm) are host kernels
+        # writing into neuron buffers and read the constants in place.
+        if _is_neuron(extern_kernel.get_device()):
+            args = self._device_copies(args)
+        super().generate_c_shim_extern_kernel_alloc(extern_kernel, args)
 
     def write_header(self):
         super().write_header()
