@@ -167,6 +167,26 @@ def test_cpu_inputs_raise_clear_error(block_package):
         model(torch.randn(3, 8))
 
 
+@pytest.mark.parametrize("shape,dtype,message", [
+    ((5, 8), torch.float32, r"unmatched dim value at 0, expected: 3, but got: 5"),
+    ((3, 9), torch.float32, r"unmatched dim value at 1, expected: 8, but got: 9"),
+    ((3,), torch.float32, r"expected a 2-dimensional tensor, but got 1 dimensions"),
+    ((3, 8), torch.float64, r"unmatched dtype"),
+])
+def test_inputs_not_matching_the_export_raise_clear_error(block_package, shape, dtype, message):
+    # AOTI checks inputs only under AOTI_RUNTIME_CHECK_INPUTS=1; unchecked, a
+    # larger batch ran on the exported size and returned a wrong result.
+    model = torch._inductor.aoti_load_package(block_package)
+    with pytest.raises(RuntimeError, match=message):
+        model(torch.zeros(shape, dtype=dtype, device=DEV))
+
+
+def test_dynamic_batch_outside_its_range_raises_clear_error(fallbacks_package):
+    model = torch._inductor.aoti_load_package(fallbacks_package)
+    with pytest.raises(RuntimeError, match=r"dim value is too large at 0, expected to be <= 64, but got: 65"):
+        model(torch.zeros(65, 8, device=DEV), torch.zeros(65, dtype=torch.long, device=DEV))
+
+
 def test_inputs_on_another_device_raise_clear_error(block_package):
     if torch.neuron.device_count() < 2:
         pytest.skip("needs two neuron devices")

@@ -27,6 +27,7 @@ import re
 from textwrap import dedent
 
 import torch
+from torch._inductor import ir
 from torch._inductor.codegen.common import DeviceOpOverrides, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -166,8 +167,19 @@ def _add_aoti_include_dir() -> None:
         os.environ["CPLUS_INCLUDE_PATH"] = os.pathsep.join([*paths, _AOTI_INCLUDE])
 
 
-# A neuron copy of a host tensor (AOTI: a constant read by a neuron op).
-_NEURON_DEVICE_COPY = """
+# Helpers of neuron AOTI models: an input's rank check, and a neuron copy of
+# a host tensor (a constant read by a neuron op).
+_NEURON_AOTI_HELPERS = """
+    static void neuron_check_input_dim(AtenTensorHandle* input_handles, int64_t idx, int64_t expected) {
+        int64_t dim;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(input_handles[idx], &dim));
+        if (dim != expected) {
+            throw std::runtime_error("input_handles[" + std::to_string(idx) + "]: expected a " +
+                                     std::to_string(expected) + "-dimensional tensor, but got " +
+                                     std::to_string(dim) + " dimensions");
+        }
+    }
+
     static torch::aot_inductor::RAIIAtenTensorHandle neuron_device_copy(AtenTensorHandle host, int32_t device_index) {
         int64_t dim;
         int64_t* sizes;
@@ -258,6 +270,18 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
             return
         super().generate_fallback_kernel(node)
 
+    def _codegen_entry_impl_prologue(self):
+        super()._codegen_entry_impl_prologue()
+        if V.graph.aot_mode and not V.graph.is_const_graph:
+            # AOTI checks inputs against the exported dtypes, shapes and
+            # strides only under AOTI_RUNTIME_CHECK_INPUTS=1; unchecked, a
+            # wrong shape runs and returns garbage. Neuron models always check.
+            # (Their shape checks index the sizes without checking the rank.)
+            for idx, value in enumerate(V.graph.graph_inputs.values()):
+                if isinstance(value, ir.TensorBox):
+                    self.prefix.writeline(f"neuron_check_input_dim(input_handles, {idx}, {len(value.get_size())});")
+                self.prefix.writeline(f"check_input_{idx}(input_handles);")
+
     def _device_copies(self, args):
         # AOTI keeps the model's constants in its host memory (CPU tensors).
         # A neuron op refuses host tensors, so a fallback that runs as one
@@ -290,7 +314,7 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
     def write_header(self):
         super().write_header()
         if V.graph.aot_mode and not V.graph.is_const_graph:
-            self.header.splice(_NEURON_DEVICE_COPY)
+            self.header.splice(_NEURON_AOTI_HELPERS)
 
     def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
         super().generate_c_shim_extern_kernel_call(kernel, args, "cpu" if device == "neuron" else device, **kwargs)
