@@ -98,6 +98,22 @@ def test_export_of_neuron_model_runs_on_neuron(block):
     assert_same(ep.module()(x.to(DEV)), block(x))
 
 
+def test_aoti_finds_the_neuron_device_header(block_package):
+    # AOTI precompiles <torch/csrc/inductor/aoti_include/{device}.h> with only
+    # torch's include directories; torch_neuronx ships the neuron one and puts
+    # its directory on the compiler's search path (CPLUS_INCLUDE_PATH) when it
+    # generates a neuron AOTI model (block_package).
+    import os
+
+    from torch._inductor.codecache import _get_cpp_wrapper_header
+    from torch_neuronx import _inductor
+
+    header = _get_cpp_wrapper_header("neuron", aot_mode=True)
+    assert os.path.join(_inductor._AOTI_INCLUDE, header) == _inductor._AOTI_HEADER
+    assert os.path.isfile(_inductor._AOTI_HEADER)
+    assert _inductor._AOTI_INCLUDE in os.environ["CPLUS_INCLUDE_PATH"].split(os.pathsep)
+
+
 def test_package_is_a_neuron_package(block_package):
     from torch._C._aoti import AOTIModelPackageLoader
 

@@ -154,6 +154,7 @@ class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapp
 # torch_neuronx/include: AOTInductor's header for the neuron device
 # (torch/csrc/inductor/aoti_include/neuron.h).
 _AOTI_INCLUDE = os.path.join(os.path.dirname(__file__), "include")
+_AOTI_HEADER = os.path.join(_AOTI_INCLUDE, "torch", "csrc", "inductor", "aoti_include", "neuron.h")
 
 
 def _add_aoti_include_dir() -> None:
@@ -349,8 +350,8 @@ def launched(call, device_index: int, name: str):
 
 
 class _CodegenVersion(CustomGraphModulePass):
-    """Keys Inductor's caches (FX graph, AOTAutograd) on this file: the code
-    generated for neuron graphs depends on it. Registered as neuron's
+    """Keys Inductor's caches (FX graph, AOTAutograd) on this file and the
+    AOTI device header: the code generated for neuron graphs depends on them. Registered as neuron's
     post-grad pass; it changes nothing in the graph."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
@@ -358,7 +359,7 @@ class _CodegenVersion(CustomGraphModulePass):
 
     @functools.cache
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
+        return get_hash_for_files((__file__, _AOTI_HEADER))
 
 
 @functools.cache
