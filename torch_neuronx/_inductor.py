@@ -250,7 +250,6 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
     def get_device_include_path_jit(device: str) -> str:
         return CppWrapperCpu.get_device_include_path_jit("cpu" if device == "neuron" else device)
 
-
     @staticmethod
     def get_c_shim_func_name(kernel: str, device: str) -> str:
         return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu" if device == "neuron" else device)
@@ -351,8 +350,8 @@ def launched(call, device_index: int, name: str):
 
 class _CodegenVersion(CustomGraphModulePass):
     """Keys Inductor's caches (FX graph, AOTAutograd) on this file and the
-    AOTI device header: the code generated for neuron graphs depends on them. Registered as neuron's
-    post-grad pass; it changes nothing in the graph."""
+    AOTI device header: the code generated for neuron graphs depends on them.
+    Registered as neuron's post-grad pass; it changes nothing in the graph."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         pass

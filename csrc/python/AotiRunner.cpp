@@ -51,10 +51,10 @@ class AOTIModelContainerRunnerNeuron : public AOTIModelContainerRunner {
     for (size_t i = 0; i < input_handles.size(); ++i) {
       const at::Tensor* t = torch::aot_inductor::tensor_handle_to_tensor_pointer(input_handles[i]);
       if (!t->defined()) continue;
-      TORCH_CHECK(t->device() == at::neuron::device_of_index(device_),
-                  "AOTInductor: input ", i, " is on ", t->device(), " but this model was compiled for neuron and loaded "
-                  "for neuron:", static_cast<int>(device_), "; move the inputs there, or load the package for their "
-                  "device (aoti_load_package(path, device_index=N))");
+      TORCH_CHECK(t->device() == at::neuron::device_of_index(device_), "AOTInductor: input ", i, " is on ",
+                  t->device(), " but this model was compiled for neuron and loaded for neuron:",
+                  static_cast<int>(device_), "; move the inputs there, or load the package for their device "
+                  "(aoti_load_package(path, device_index=N))");
     }
     // Allocations inside the model (device index -1) go to the current device.
     c10::DeviceGuard guard(at::neuron::device_of_index(device_));
