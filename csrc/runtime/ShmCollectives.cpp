@@ -27,7 +27,8 @@ namespace neuronrt {
 
 // ---- segment layout ------------------------------------------------------------
 // [header page][size x control page][size x data slot]. A control page holds
-// the rank's Control and two halves of exchange() words.
+// the rank's Control, two halves of exchange() words and two halves of
+// SharedBuffer (where the rank's buffer of the single-copy path lives).
 
 namespace {
 
@@ -143,13 +144,69 @@ struct Max {
   }
 };
 
-// dst1 (and dst2 when given) = reduction over srcs[0..n) in that order.
+// ---- moving bytes -------------------------------------------------------------------
+// Large single-copy collectives stream their results out with non-temporal
+// stores: the destination lines are not read for ownership first (a third of
+// a normal copy's memory traffic), and the ranks share the memory bus.
+
+// Messages from this size stream (they do not stay in the caches anyway).
+constexpr size_t kStreamBytes = size_t{8} << 20;
+
+void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
+#if defined(__x86_64__)
+  if (stream && n >= 256) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    const size_t body = n & ~size_t{63};
+    for (size_t i = 0; i < body; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + body, s + body, n - body);
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, n);
+}
+
+// Streaming stores are weakly ordered: fence them before announcing them.
+void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Copies src to every destination, a block at a time so src is read once.
+void copy_to_all(void* const* dsts, int ndst, const void* src, size_t n, bool stream) {
+  constexpr size_t kBlock = size_t{64} << 10;
+  for (size_t a = 0; a < n; a += kBlock) {
+    const size_t m = std::min(kBlock, n - a);
+    for (int d = 0; d < ndst; ++d) copy_bytes(static_cast<char*>(dsts[d]) + a, static_cast<const char*>(src) + a, m, stream);
+  }
+}
+
+// dsts[0..ndst) = reduction over srcs[0..n) in that order. A destination
+// may be one of the sources: each block is read whole before it is written.
 template <typename T, typename Op>
-void reduce_kernel(const void* const* srcs, int n, void* dst1, void* dst2, size_t count, bool average) {
+void reduce_kernel(const void* const* srcs, int n, void* const* dsts, int ndst, size_t count, bool average,
+                   bool stream) {
   using S = typename T::S;
   using C = typename T::C;
   constexpr size_t kBlock = 1024;
   C acc[kBlock];
+  S out[kBlock];  // streamed results leave from here
   for (size_t i0 = 0; i0 < count; i0 += kBlock) {
     const size_t m = std::min(kBlock, count - i0);
     const S* s0 = static_cast<const S*>(srcs[0]) + i0;
@@ -164,34 +221,42 @@ void reduce_kernel(const void* const* srcs, int n, void* dst1, void* dst2, size_
         for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
       }
     }
-    S* d1 = static_cast<S*>(dst1) + i0;
-    for (size_t i = 0; i < m; ++i) d1[i] = T::store(acc[i]);
-    if (dst2) std::memcpy(static_cast<S*>(dst2) + i0, d1, m * sizeof(S));
+    if (stream) {
+      for (size_t i = 0; i < m; ++i) out[i] = T::store(acc[i]);
+      for (int d = 0; d < ndst; ++d) copy_bytes(static_cast<S*>(dsts[d]) + i0, out, m * sizeof(S), true);
+      continue;
+    }
+    S* d0 = static_cast<S*>(dsts[0]) + i0;
+    for (size_t i = 0; i < m; ++i) d0[i] = T::store(acc[i]);
+    // The other destinations copy the first while it is in L1.
+    for (int d = 1; d < ndst; ++d) std::memcpy(static_cast<S*>(dsts[d]) + i0, d0, m * sizeof(S));
   }
 }
 
 template <typename T>
-void reduce_typed(ShmReduceOp op, const void* const* srcs, int n, void* dst1, void* dst2, size_t count) {
+void reduce_typed(ShmReduceOp op, const void* const* srcs, int n, void* const* dsts, int ndst, size_t count,
+                  bool stream) {
   switch (op) {
-    case ShmReduceOp::Sum: return reduce_kernel<T, Sum>(srcs, n, dst1, dst2, count, false);
-    case ShmReduceOp::Avg: return reduce_kernel<T, Sum>(srcs, n, dst1, dst2, count, true);
-    case ShmReduceOp::Product: return reduce_kernel<T, Product>(srcs, n, dst1, dst2, count, false);
-    case ShmReduceOp::Min: return reduce_kernel<T, Min>(srcs, n, dst1, dst2, count, false);
-    case ShmReduceOp::Max: return reduce_kernel<T, Max>(srcs, n, dst1, dst2, count, false);
+    case ShmReduceOp::Sum: return reduce_kernel<T, Sum>(srcs, n, dsts, ndst, count, false, stream);
+    case ShmReduceOp::Avg: return reduce_kernel<T, Sum>(srcs, n, dsts, ndst, count, true, stream);
+    case ShmReduceOp::Product: return reduce_kernel<T, Product>(srcs, n, dsts, ndst, count, false, stream);
+    case ShmReduceOp::Min: return reduce_kernel<T, Min>(srcs, n, dsts, ndst, count, false, stream);
+    case ShmReduceOp::Max: return reduce_kernel<T, Max>(srcs, n, dsts, ndst, count, false, stream);
   }
 }
 
-void reduce(ShmDtype dtype, ShmReduceOp op, const void* const* srcs, int n, void* dst1, void* dst2, size_t count) {
+void reduce(ShmDtype dtype, ShmReduceOp op, const void* const* srcs, int n, void* const* dsts, int ndst,
+            size_t count, bool stream = false) {
   switch (dtype) {
-    case ShmDtype::Float32: return reduce_typed<Plain<float>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Float64: return reduce_typed<Plain<double>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Float16: return reduce_typed<Float16>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::BFloat16: return reduce_typed<BFloat16>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int8: return reduce_typed<Plain<int8_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::UInt8: return reduce_typed<Plain<uint8_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int16: return reduce_typed<Plain<int16_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int32: return reduce_typed<Plain<int32_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int64: return reduce_typed<Plain<int64_t>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Float32: return reduce_typed<Plain<float>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Float64: return reduce_typed<Plain<double>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Float16: return reduce_typed<Float16>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::BFloat16: return reduce_typed<BFloat16>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int8: return reduce_typed<Plain<int8_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::UInt8: return reduce_typed<Plain<uint8_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int16: return reduce_typed<Plain<int16_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int32: return reduce_typed<Plain<int32_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int64: return reduce_typed<Plain<int64_t>>(op, srcs, n, dsts, ndst, count, stream);
   }
 }
 
@@ -236,7 +301,8 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_al
 
 ShmCollectives::ShmCollectives(std::string name, int rank, int size, void* base, size_t bytes, size_t slot_bytes)
     : name_(std::move(name)), rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes) {
-  static_assert(sizeof(Control) <= 128 && 128 + 2 * kExchangeWords * sizeof(int64_t) <= kPage);
+  static_assert(sizeof(Control) <= 128 && 128 + 2 * kExchangeWords * sizeof(int64_t) + 2 * sizeof(Offer) <= kPage);
+  static_assert(std::is_trivially_copyable_v<SharedBuffer>);
   pidns_ = pid_namespace();
   Control& me = control(rank_);
   me.pid = static_cast<int32_t>(::getpid());
@@ -311,6 +377,10 @@ ShmCollectives::Control& ShmCollectives::control(int r) const {
 
 int64_t* ShmCollectives::words(int r, int half) const {
   return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(&control(r)) + 128) + half * kExchangeWords;
+}
+
+ShmCollectives::Offer& ShmCollectives::shared(int r, int half) const {
+  return reinterpret_cast<Offer*>(reinterpret_cast<char*>(words(r, 0)) + 2 * kExchangeWords * sizeof(int64_t))[half];
 }
 
 char* ShmCollectives::slot(int r, int half) const {
@@ -446,6 +516,92 @@ void ShmCollectives::abort() noexcept {
   for (int r = 0; r < size_; ++r) futex_wake(&control(r).seq);
 }
 
+// ---- single-copy path ---------------------------------------------------------------------
+
+bool ShmCollectives::enable_peer_access(BufferLocator locate, std::chrono::milliseconds timeout) {
+  // Each rank offers a one-page memfd holding a marker; every peer must map
+  // it through a pidfd and see the marker (same host, same pid namespace,
+  // ptrace permission, no seccomp filter in the way).
+  const SharedMapping probe = create_shared_mapping(kPage);
+  const uint64_t marker = 0x4e52545850524f42ull ^ (static_cast<uint64_t>(::getpid()) << 8) ^ static_cast<uint64_t>(rank_);
+  if (probe.base) std::memcpy(probe.base, &marker, sizeof(marker));
+  const int64_t offer[3] = {probe.base ? probe.fd : -1, static_cast<int64_t>(marker), ::getpid()};
+  std::vector<int64_t> all(static_cast<size_t>(size_) * 3);
+  std::unique_ptr<PeerMemory> peers;
+  bool agreed = true;
+  try {
+    exchange({offer, 3, [&](const int64_t* a) { std::copy(a, a + all.size(), all.begin()); }}, timeout);
+    bool ok = true;
+    for (int r = 0; r < size_ && ok; ++r) ok = all[3 * r] >= 0 && control(r).pidns == pidns_ && pidns_ != 0;
+    std::vector<pid_t> pids(size_);
+    for (int r = 0; r < size_; ++r) pids[r] = static_cast<pid_t>(all[3 * r + 2]);
+    if (ok) {
+      try {
+        peers = std::make_unique<PeerMemory>(rank_, pids);
+      } catch (const Error&) {
+        ok = false;
+      }
+    }
+    std::string why;
+    for (int r = 0; r < size_ && ok; ++r) {
+      if (r == rank_) continue;
+      const SharedBuffer offered{1, all[3 * r], kPage, 0, 0};
+      ok = peers->probe(r, offered, static_cast<uint64_t>(all[3 * r + 1]), &why);
+    }
+    // Every rank learns every rank's result: the path is on for all or none.
+    const int64_t mine = ok ? 1 : 0;
+    exchange({&mine, 1, [&](const int64_t* a) {
+                for (int r = 0; r < size_; ++r) agreed = agreed && a[r] == 1;
+              }},
+             timeout);
+  } catch (...) {
+    destroy_shared_mapping(probe);
+    throw;
+  }
+  destroy_shared_mapping(probe);  // every peer is past its probe
+  if (agreed && peers) {
+    peers_ = std::move(peers);
+    locate_ = std::move(locate);
+  }
+  return peer_access();
+}
+
+bool ShmCollectives::direct_step(const void* buffer, size_t bytes, uint64_t mode, const ShmCheck* check,
+                                 const char* what, const std::function<void(char* const* buffers)>& body) {
+  const int h = begin_step(what);
+  shared(rank_, h) = {locate_(buffer, bytes), mode};
+  publish(check, h);
+  arrive();
+  wait_peers(2 * (step_ - 1) + 1, what);
+  verify(check, h);
+  bool all = true;
+  for (int r = 0; r < size_; ++r) all = all && shared(r, h).buffer.serial != 0 && shared(r, h).mode == mode;
+  if (!all) {
+    arrive();
+    return false;
+  }
+  std::vector<char*> buffers(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      buffers[r] = const_cast<char*>(static_cast<const char*>(buffer));
+      continue;
+    }
+    std::string error;
+    buffers[r] = peers_->map(r, shared(r, h).buffer, bytes, &error);
+    if (!buffers[r]) {
+      const auto kind = errno == ESRCH ? ShmError::Kind::PeerGone : ShmError::Kind::Setup;
+      fail(kind, std::string(what) + ": " + error);
+    }
+  }
+  body(buffers.data());
+  store_fence();
+  arrive();
+  // Peers may still read or write our buffer: it is the caller's again only
+  // once every rank is done.
+  wait_peers(2 * (step_ - 1) + 2, what);
+  return true;
+}
+
 // ---- collectives ------------------------------------------------------------------------
 
 namespace {
@@ -466,6 +622,24 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
   // whole step in rank order (so all ranks still hold identical bits).
   const bool oneShot = count * es <= std::min(kOneShotBytes, half_bytes());
   char* base = static_cast<char*>(data);
+  if (peers_ && count * es >= kDirectBytes) {
+    // Rank r reduces portion r from every rank's buffer into all of them.
+    const size_t per = portion(count, size_, es);
+    const size_t lo = std::min(count, per * static_cast<size_t>(rank_));
+    const size_t hi = std::min(count, lo + per);
+    const bool done = direct_step(data, count * es, 0, check, what, [&](char* const* buffers) {
+      std::vector<const void*> srcs(size_);
+      std::vector<void*> dsts;
+      dsts.push_back(base + lo * es);  // ours first: the others copy it from L1
+      for (int r = 0; r < size_; ++r) {
+        srcs[r] = buffers[r] + lo * es;
+        if (r != rank_) dsts.push_back(buffers[r] + lo * es);
+      }
+      reduce(dtype, op, srcs.data(), size_, dsts.data(), size_, hi - lo, count * es >= kStreamBytes);
+    });
+    if (done) return;
+    check = nullptr;  // verified in that step
+  }
   std::vector<const void*> srcs(size_);
   for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, count - a);
@@ -487,8 +661,8 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
     wait_peers(2 * (step_ - 1) + 1, what);
     if (a == 0) verify(check, h);
     for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
-    reduce(dtype, op, srcs.data(), size_, chunk + lo(me) * es, oneShot ? nullptr : mine + lo(me) * es,
-           hi(me) - lo(me));
+    void* dsts[2] = {chunk + lo(me) * es, mine + lo(me) * es};
+    reduce(dtype, op, srcs.data(), size_, dsts, oneShot ? 1 : 2, hi(me) - lo(me));
     arrive();
     if (!oneShot) {
       wait_peers(2 * (step_ - 1) + 2, what);
@@ -513,6 +687,16 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
   std::vector<const void*> srcs(size_);
+  if (peers_ && count * es * size_ >= kDirectBytes) {
+    // Rank r reduces block r of every rank's input into its output.
+    const bool done = direct_step(input, count * es * size_, 0, check, what, [&](char* const* buffers) {
+      for (int r = 0; r < size_; ++r) srcs[r] = buffers[r] + rank_ * count * es;
+      void* dst = out;
+      reduce(dtype, op, srcs.data(), size_, &dst, 1, count, count * es * size_ >= kStreamBytes);
+    });
+    if (done) return;
+    check = nullptr;
+  }
   for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, count - a);
     const int h = begin_step(what);
@@ -527,7 +711,8 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
     for (int r = 0; r < size_; ++r) {
       srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
     }
-    reduce(dtype, op, srcs.data(), size_, out + a * es, nullptr, c);
+    void* dst = out + a * es;
+    reduce(dtype, op, srcs.data(), size_, &dst, 1, c);
     arrive();  // done reading the peers' halves
     if (count == 0) break;
   }
@@ -540,6 +725,33 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
   deadline_ = deadline_after(timeout);
   const char* in = static_cast<const char*>(input);
   const size_t maxStep = half_bytes();
+  if (peers_ && bytes * size_ >= kDirectBytes) {
+    const bool stream = bytes * size_ >= kStreamBytes;
+    bool contiguous = true;  // outputs[r] are the blocks of one buffer
+    for (int r = 0; r < size_; ++r) contiguous = contiguous && outputs[r] == static_cast<char*>(outputs[0]) + r * bytes;
+    bool done;
+    if (contiguous) {
+      // Push: each rank writes its input into every rank's output, reading
+      // it once (in place, its own block is already there).
+      done = direct_step(outputs[0], bytes * size_, 1, check, what, [&](char* const* buffers) {
+        std::vector<void*> dsts;
+        for (int r = 0; r < size_; ++r) {
+          char* d = buffers[r] + rank_ * bytes;
+          if (d != input) dsts.push_back(d);
+        }
+        copy_to_all(dsts.data(), static_cast<int>(dsts.size()), in, bytes, stream);
+      });
+    } else {
+      // Pull (separate output tensors): each rank copies every input into its outputs.
+      done = direct_step(input, bytes, 2, check, what, [&](char* const* buffers) {
+        for (int r = 0; r < size_; ++r) {
+          if (outputs[r] != buffers[r]) copy_bytes(outputs[r], buffers[r], bytes, stream);
+        }
+      });
+    }
+    if (done) return;
+    check = nullptr;
+  }
   for (size_t a = 0; a < bytes || (bytes == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, bytes - a);
     const int h = begin_step(what);
