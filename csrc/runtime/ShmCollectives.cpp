@@ -43,6 +43,16 @@ struct Header {
   uint64_t slot_bytes;
 };
 
+// Work items of the single-copy steps, shared by all ranks (header page,
+// own cache lines). Both only grow, modulo 2^32; every rank knows each
+// step's base (the ranks run the same steps).
+struct WorkCounters {
+  alignas(64) std::atomic<uint32_t> claimed;  // items handed out
+  alignas(64) std::atomic<uint32_t> done;     // items finished
+  std::atomic<uint32_t> sleepers;             // waiters blocked in a futex on done
+};
+static_assert(64 + sizeof(WorkCounters) <= kPage);
+
 size_t segment_bytes(int size, size_t slot_bytes) {
   return kPage + static_cast<size_t>(size) * (kPage + slot_bytes);
 }
@@ -151,6 +161,9 @@ struct Max {
 
 // Messages from this size stream (they do not stay in the caches anyway).
 constexpr size_t kStreamBytes = size_t{8} << 20;
+// A work item of the single-copy path: large enough to amortize claiming
+// it, small enough that a rank the scheduler left out holds up little.
+constexpr size_t kItemBytes = size_t{256} << 10;
 
 void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
 #if defined(__x86_64__)
@@ -379,6 +392,12 @@ int64_t* ShmCollectives::words(int r, int half) const {
   return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(&control(r)) + 128) + half * kExchangeWords;
 }
 
+namespace {
+WorkCounters& work_counters(void* base) {
+  return *reinterpret_cast<WorkCounters*>(static_cast<char*>(base) + 64);
+}
+}  // namespace
+
 ShmCollectives::Offer& ShmCollectives::shared(int r, int half) const {
   return reinterpret_cast<Offer*>(reinterpret_cast<char*>(words(r, 0)) + 2 * kExchangeWords * sizeof(int64_t))[half];
 }
@@ -465,46 +484,57 @@ void ShmCollectives::wait_peers(uint32_t target, const char* what) {
 
 void ShmCollectives::wait_peer(int peer, uint32_t target, const char* what) {
   Control& c = control(peer);
-  if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+  wait_word(c.seq, c.sleepers, target, peer, what);
+}
+
+void ShmCollectives::wait_word(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target,
+                               int peer, const char* what) {
+  if (reached(word.load(std::memory_order_acquire), target)) return;
   const auto start = std::chrono::steady_clock::now();
   // Spin briefly (~10 µs: the peer is usually a few microseconds behind),
-  // then yield, then sleep on the peer's sequence word: the machine may have
-  // fewer cores than ranks, and a long spin would take the peer's core.
+  // then yield, then sleep on the word: the machine may have fewer cores
+  // than ranks, and a long spin would take the peer's core.
   for (int i = 0; i < 512; ++i) {
     cpu_relax();
-    if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+    if (reached(word.load(std::memory_order_acquire), target)) return;
   }
   auto lastLiveness = start;
+  const int first = peer < 0 ? 0 : peer, last = peer < 0 ? size_ - 1 : peer;  // whom we wait for
   while (true) {
-    uint32_t seen = c.seq.load(std::memory_order_acquire);
+    uint32_t seen = word.load(std::memory_order_acquire);
     if (reached(seen, target)) return;
     if (aborted_.load()) fail(ShmError::Kind::Aborted, std::string(what) + ": the process group was aborted");
-    if (c.aborted.load()) {
-      fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(peer) +
-                                         " failed or aborted (see its error)");
+    for (int p = first; p <= last; ++p) {
+      if (p != rank_ && control(p).aborted.load()) {
+        fail(ShmError::Kind::PeerGone,
+             std::string(what) + ": peer rank " + std::to_string(p) + " failed or aborted (see its error)");
+      }
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline_) {
+      const std::string whom = peer < 0 ? "the peers" : "rank " + std::to_string(peer);
       fail(ShmError::Kind::Timeout,
-           std::string(what) + ": timed out waiting for rank " + std::to_string(peer) + " (the peer may have hung or exited)");
+           std::string(what) + ": timed out waiting for " + whom + " (the peer may have hung or exited)");
     }
     if (now - lastLiveness > std::chrono::milliseconds(100)) {
       lastLiveness = now;
-      if (peer_gone(peer)) {
-        fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(peer) + " (pid " +
-                                           std::to_string(c.pid) + ") exited");
+      for (int p = first; p <= last; ++p) {
+        if (p != rank_ && peer_gone(p)) {
+          fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(p) + " (pid " +
+                                             std::to_string(control(p).pid) + ") exited");
+        }
       }
     }
     if (now - start < std::chrono::microseconds(50)) {
       std::this_thread::yield();
       continue;
     }
-    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (c.seq.load(std::memory_order_seq_cst) == seen && !aborted_.load()) {
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (word.load(std::memory_order_seq_cst) == seen && !aborted_.load()) {
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now);
-      futex_wait(&c.seq, seen, std::clamp(left, std::chrono::microseconds(1), std::chrono::microseconds(5000)));
+      futex_wait(&word, seen, std::clamp(left, std::chrono::microseconds(1), std::chrono::microseconds(5000)));
     }
-    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
@@ -566,39 +596,74 @@ bool ShmCollectives::enable_peer_access(BufferLocator locate, std::chrono::milli
   return peer_access();
 }
 
-bool ShmCollectives::direct_step(const void* buffer, size_t bytes, uint64_t mode, const ShmCheck* check,
-                                 const char* what, const std::function<void(char* const* buffers)>& body) {
+bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what) {
   const int h = begin_step(what);
-  shared(rank_, h) = {locate_(buffer, bytes), mode};
+  shared(rank_, h) = {locate_(plan.in, plan.in_bytes), plan.out ? locate_(plan.out, plan.out_bytes) : SharedBuffer{},
+                      plan.mode};
   publish(check, h);
   arrive();
   wait_peers(2 * (step_ - 1) + 1, what);
   verify(check, h);
-  bool all = true;
-  for (int r = 0; r < size_; ++r) all = all && shared(r, h).buffer.serial != 0 && shared(r, h).mode == mode;
-  if (!all) {
+  bool insOk = true, outsOk = true;
+  for (int r = 0; r < size_; ++r) {
+    const Offer& o = shared(r, h);
+    insOk = insOk && o.in.serial != 0 && o.mode == plan.mode;
+    outsOk = outsOk && (!plan.out || o.out.serial != 0);
+  }
+  if (!insOk || (!outsOk && !plan.mine)) {
     arrive();
     return false;
   }
-  std::vector<char*> buffers(size_);
+  std::vector<char*> ins(size_), outs(size_);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) {
-      buffers[r] = const_cast<char*>(static_cast<const char*>(buffer));
+      ins[r] = const_cast<char*>(static_cast<const char*>(plan.in));
+      outs[r] = const_cast<char*>(static_cast<const char*>(plan.out));
       continue;
     }
     std::string error;
-    buffers[r] = peers_->map(r, shared(r, h).buffer, bytes, &error);
-    if (!buffers[r]) {
+    ins[r] = peers_->map(r, shared(r, h).in, plan.in_bytes, &error);
+    if (ins[r] && plan.out && outsOk) outs[r] = peers_->map(r, shared(r, h).out, plan.out_bytes, &error);
+    if (!ins[r] || (plan.out && outsOk && !outs[r])) {
       const auto kind = errno == ESRCH ? ShmError::Kind::PeerGone : ShmError::Kind::Setup;
       fail(kind, std::string(what) + ": " + error);
     }
   }
-  body(buffers.data());
+  if (!plan.shared || !outsOk) {
+    // Each rank runs its own items (all of them, or `mine` when some
+    // rank's output cannot be mapped).
+    for (size_t i = 0; i < plan.items; ++i) {
+      if (outsOk || plan.mine(i)) plan.run(i, ins.data(), outs.data());
+    }
+    store_fence();
+    arrive();
+    // Peers may still read or write our buffers: they are the caller's
+    // again only once every rank is done.
+    wait_peers(2 * (step_ - 1) + 2, what);
+    return true;
+  }
+  // Any rank does any item: whoever runs takes the next one, so a rank the
+  // scheduler left out (more ranks than cores) does not hold up the others.
+  // Every rank claims once past the end, hence the next base.
+  WorkCounters& w = work_counters(base_);
+  const uint32_t items = static_cast<uint32_t>(plan.items);
+  uint32_t finished = 0;
+  while (true) {
+    const uint32_t i = w.claimed.fetch_add(1, std::memory_order_relaxed) - claim_base_;
+    if (i >= items) break;
+    plan.run(i, ins.data(), outs.data());
+    ++finished;
+  }
+  claim_base_ += items + static_cast<uint32_t>(size_);
+  done_base_ += items;
   store_fence();
+  if (finished) {
+    w.done.fetch_add(finished, std::memory_order_seq_cst);
+    if (w.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&w.done);
+  }
   arrive();
-  // Peers may still read or write our buffer: it is the caller's again only
-  // once every rank is done.
-  wait_peers(2 * (step_ - 1) + 2, what);
+  // Every item is done: nobody touches the buffers any more.
+  wait_word(w.done, w.sleepers, done_base_, -1, what);
   return true;
 }
 
@@ -623,20 +688,26 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
   const bool oneShot = count * es <= std::min(kOneShotBytes, half_bytes());
   char* base = static_cast<char*>(data);
   if (peers_ && count * es >= kDirectBytes) {
-    // Rank r reduces portion r from every rank's buffer into all of them.
-    const size_t per = portion(count, size_, es);
-    const size_t lo = std::min(count, per * static_cast<size_t>(rank_));
-    const size_t hi = std::min(count, lo + per);
-    const bool done = direct_step(data, count * es, 0, check, what, [&](char* const* buffers) {
+    // Item i: elements [i * per, (i + 1) * per) reduced from every rank's
+    // tensor into all of them (whole cache lines: no two ranks write one).
+    const size_t per = std::max<size_t>(1, kItemBytes / es);
+    const bool stream = count * es >= kStreamBytes;
+    DirectPlan plan;
+    plan.in = data;
+    plan.in_bytes = count * es;
+    plan.items = (count + per - 1) / per;
+    plan.run = [&](size_t i, char* const* ins, char* const*) {
+      const size_t lo = i * per, n = std::min(per, count - lo);
       std::vector<const void*> srcs(size_);
       std::vector<void*> dsts;
-      dsts.push_back(base + lo * es);  // ours first: the others copy it from L1
+      dsts.push_back(ins[rank_] + lo * es);  // ours first: the others copy it from L1
       for (int r = 0; r < size_; ++r) {
-        srcs[r] = buffers[r] + lo * es;
-        if (r != rank_) dsts.push_back(buffers[r] + lo * es);
+        srcs[r] = ins[r] + lo * es;
+        if (r != rank_) dsts.push_back(ins[r] + lo * es);
       }
-      reduce(dtype, op, srcs.data(), size_, dsts.data(), size_, hi - lo, count * es >= kStreamBytes);
-    });
+      reduce(dtype, op, srcs.data(), size_, dsts.data(), size_, n, stream);
+    };
+    const bool done = direct_step(plan, check, what);
     if (done) return;
     check = nullptr;  // verified in that step
   }
@@ -688,12 +759,26 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
   char* out = static_cast<char*>(output);
   std::vector<const void*> srcs(size_);
   if (peers_ && count * es * size_ >= kDirectBytes) {
-    // Rank r reduces block r of every rank's input into its output.
-    const bool done = direct_step(input, count * es * size_, 0, check, what, [&](char* const* buffers) {
-      for (int r = 0; r < size_; ++r) srcs[r] = buffers[r] + rank_ * count * es;
-      void* dst = out;
-      reduce(dtype, op, srcs.data(), size_, &dst, 1, count, count * es * size_ >= kStreamBytes);
-    });
+    // Item (d, j): elements [j * per, (j + 1) * per) of block d, reduced from
+    // every rank's input into rank d's output.
+    const size_t per = std::max<size_t>(1, kItemBytes / es);
+    const size_t perBlock = std::max<size_t>(1, (count + per - 1) / per);
+    const bool stream = count * es * size_ >= kStreamBytes;
+    DirectPlan plan;
+    plan.in = input;
+    plan.in_bytes = count * es * size_;
+    plan.out = output;
+    plan.out_bytes = count * es;
+    plan.items = count ? perBlock * static_cast<size_t>(size_) : 0;
+    plan.mine = [&](size_t i) { return i / perBlock == static_cast<size_t>(rank_); };  // an output is private
+    plan.run = [&](size_t i, char* const* ins, char* const* outs) {
+      const size_t d = i / perBlock, lo = (i % perBlock) * per, n = std::min(per, count - lo);
+      std::vector<const void*> s(size_);
+      for (int r = 0; r < size_; ++r) s[r] = ins[r] + (d * count + lo) * es;
+      void* dst = outs[d] + lo * es;
+      reduce(dtype, op, s.data(), size_, &dst, 1, n, stream);
+    };
+    const bool done = direct_step(plan, check, what);
     if (done) return;
     check = nullptr;
   }
@@ -729,26 +814,38 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
     const bool stream = bytes * size_ >= kStreamBytes;
     bool contiguous = true;  // outputs[r] are the blocks of one buffer
     for (int r = 0; r < size_; ++r) contiguous = contiguous && outputs[r] == static_cast<char*>(outputs[0]) + r * bytes;
-    bool done;
+    const size_t perBlock = (bytes + kItemBytes - 1) / kItemBytes;
+    DirectPlan plan;
+    plan.in = input;
+    plan.in_bytes = bytes;
     if (contiguous) {
-      // Push: each rank writes its input into every rank's output, reading
-      // it once (in place, its own block is already there).
-      done = direct_step(outputs[0], bytes * size_, 1, check, what, [&](char* const* buffers) {
+      // Item (k, j): bytes [j * kItemBytes, ...) of rank k's input, written
+      // into every rank's output (read once; in place, rank k's own output
+      // already holds them).
+      plan.out = outputs[0];
+      plan.out_bytes = bytes * size_;
+      plan.mode = 1;
+      plan.items = perBlock * static_cast<size_t>(size_);
+      plan.run = [&](size_t i, char* const* ins, char* const* outs) {
+        const size_t k = i / perBlock, lo = (i % perBlock) * kItemBytes, n = std::min(kItemBytes, bytes - lo);
         std::vector<void*> dsts;
         for (int r = 0; r < size_; ++r) {
-          char* d = buffers[r] + rank_ * bytes;
-          if (d != input) dsts.push_back(d);
+          char* d = outs[r] + k * bytes + lo;
+          if (d != ins[k] + lo) dsts.push_back(d);
         }
-        copy_to_all(dsts.data(), static_cast<int>(dsts.size()), in, bytes, stream);
-      });
+        copy_to_all(dsts.data(), static_cast<int>(dsts.size()), ins[k] + lo, n, stream);
+      };
     } else {
-      // Pull (separate output tensors): each rank copies every input into its outputs.
-      done = direct_step(input, bytes, 2, check, what, [&](char* const* buffers) {
-        for (int r = 0; r < size_; ++r) {
-          if (outputs[r] != buffers[r]) copy_bytes(outputs[r], buffers[r], bytes, stream);
-        }
-      });
+      // Separate output tensors (only ours are known): each rank copies
+      // every input into its outputs itself.
+      plan.mode = 2;
+      plan.items = static_cast<size_t>(size_);
+      plan.shared = false;
+      plan.run = [&](size_t k, char* const* ins, char* const*) {
+        if (outputs[k] != ins[k]) copy_bytes(outputs[k], ins[k], bytes, stream);
+      };
     }
+    const bool done = direct_step(plan, check, what);
     if (done) return;
     check = nullptr;
   }

@@ -78,7 +78,7 @@ class ShmCollectives {
   // synchronization per step) instead of a portion each (two).
   static constexpr size_t kOneShotBytes = size_t{256} << 10;
   // int64 words each rank can publish per exchange() (per half).
-  static constexpr size_t kExchangeWords = 240;
+  static constexpr size_t kExchangeWords = 224;
   // Messages from this size take the single-copy path when it is enabled.
   static constexpr size_t kDirectBytes = size_t{256} << 10;
 
@@ -146,21 +146,41 @@ class ShmCollectives {
   void verify(const ShmCheck* check, int half);
   void wait_peers(uint32_t target, const char* what);
   void wait_peer(int peer, uint32_t target, const char* what);
+  // Waits until `word` reaches `target`, failing on timeout, abort or the
+  // exit of `peer` (every peer when negative).
+  void wait_word(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target, int peer,
+                 const char* what);
   void check_usable(const char* what) const;
   // What a rank offers its peers in a single-copy step: its buffer, and
   // which buffer of the collective that is (all ranks must offer the same).
   struct Offer {
-    SharedBuffer buffer;
+    SharedBuffer in;
+    SharedBuffer out;
     uint64_t mode;
   };
   Offer& shared(int r, int half) const;
-  // The single-copy step: publish `buffer` (`bytes` at it), meet the peers,
-  // and if every rank's buffer is shareable and offered in the same `mode`,
-  // run `body` with every rank's buffer mapped here, then wait until the
-  // peers are done with ours. Returns false otherwise (the step is complete,
-  // nothing moved, the check passed).
-  bool direct_step(const void* buffer, size_t bytes, uint64_t mode, const ShmCheck* check, const char* what,
-                   const std::function<void(char* const* buffers)>& body);
+  // A single-copy step's work: `items` pieces, each run with every rank's
+  // `in` (and `out`, when given) buffer mapped here. With `shared`, any rank
+  // may run any item (claimed through a shared counter); otherwise each rank
+  // runs all of its own.
+  struct DirectPlan {
+    const void* in = nullptr;
+    size_t in_bytes = 0;
+    const void* out = nullptr;
+    size_t out_bytes = 0;
+    uint64_t mode = 0;
+    size_t items = 0;
+    bool shared = true;
+    std::function<void(size_t item, char* const* ins, char* const* outs)> run;
+    // The items this rank runs itself when some rank's `out` is not
+    // shareable (unset: the step then takes the slots).
+    std::function<bool(size_t item)> mine;
+  };
+  // Publishes our buffers, meets the peers, and if every rank's buffers are
+  // shareable and offered in the same mode, runs the plan; returns once no
+  // rank touches our buffers any more. Returns false otherwise (the step is
+  // complete, nothing moved, the check passed).
+  bool direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what);
   [[noreturn]] void fail(ShmError::Kind kind, const std::string& msg);
   bool peer_gone(int peer) const;
 
@@ -172,6 +192,8 @@ class ShmCollectives {
   size_t slot_bytes_;
   uint64_t pidns_ = 0;  // our pid namespace: peer liveness checks need the same one
   uint32_t step_ = 0;  // steps begun; identical on every rank
+  uint32_t claim_base_ = 0;  // the shared work counters at this step's start
+  uint32_t done_base_ = 0;
   std::chrono::steady_clock::time_point deadline_{};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};

@@ -429,3 +429,40 @@ TEST(ShmCollectivesDirect, ABufferThatIsNotShareableFallsBackToTheSlots) {
   // the collectives go through the slots, with the same results.
   expect_all_zero(run_group(2, 8192, [](ShmCollectives& g) { return run_direct(g, 300001, g.rank() == 0, false); }));
 }
+
+TEST(ShmCollectivesDirect, BackToBackWithASlowRankStaysInStep) {
+  // Shared work counters: every step's items are claimed once, whoever runs;
+  // single-copy steps interleave with slot steps and a rank that falls behind.
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    const int r = g.rank();
+    const size_t count = 100000;  // 400 KB: two items per all_reduce
+    Arena arena(3 * count * sizeof(float));
+    if (!g.enable_peer_access(arena.locator(), 10s)) return 20;
+    float* v = arena.at<float>(0);
+    float* rs = arena.at<float>(count * sizeof(float));  // 2 blocks of count / 2
+    float* half = arena.at<float>(2 * count * sizeof(float));
+    std::vector<float> privateHalf(count / 2), small(100);
+    for (int it = 0; it < 60; ++it) {
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(r + it + i % 7);
+      if (r == 1 && it % 7 == 0) std::this_thread::sleep_for(3ms);
+      g.all_reduce(v, count, ShmDtype::Float32, ShmReduceOp::Sum, 10s);
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != static_cast<float>(1 + 2 * (it + i % 7))) return 1;
+      }
+      for (size_t i = 0; i < count; ++i) rs[i] = static_cast<float>(r * it + i % 5);
+      // Into shareable outputs (any rank reduces any block), then into a
+      // private one (each rank reduces its own block).
+      g.reduce_scatter(rs, half, count / 2, ShmDtype::Float32, ShmReduceOp::Max, 10s);
+      g.reduce_scatter(rs, privateHalf.data(), count / 2, ShmDtype::Float32, ShmReduceOp::Max, 10s);
+      for (size_t i = 0; i < count / 2; ++i) {
+        if (half[i] != static_cast<float>(it + (r * count / 2 + i) % 5)) return 2;
+        if (privateHalf[i] != half[i]) return 4;
+      }
+      std::fill(small.begin(), small.end(), static_cast<float>(r));
+      g.all_reduce(small.data(), small.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s);  // slots
+      if (small[0] != 1.0f) return 3;
+    }
+    return 0;
+  });
+  expect_all_zero(codes);
+}
