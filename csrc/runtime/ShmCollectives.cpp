@@ -222,9 +222,23 @@ void reduce_kernel(const void* const* srcs, int n, void* const* dsts, int ndst, 
   S out[kBlock];  // streamed results leave from here
   for (size_t i0 = 0; i0 < count; i0 += kBlock) {
     const size_t m = std::min(kBlock, count - i0);
+    // The next block's sources: the prefetchers stop at page boundaries,
+    // and a block is about a page.
+    if (i0 + kBlock < count) {
+      const size_t ahead = std::min(kBlock, count - i0 - kBlock) * sizeof(S);
+      for (int r = 0; r < n; ++r) {
+        const char* next = static_cast<const char*>(srcs[r]) + (i0 + kBlock) * sizeof(S);
+        for (size_t b = 0; b < ahead; b += 64) __builtin_prefetch(next + b);
+      }
+    }
     const S* s0 = static_cast<const S*>(srcs[0]) + i0;
-    for (size_t i = 0; i < m; ++i) acc[i] = T::load(s0[i]);
-    for (int r = 1; r < n; ++r) {
+    if (n == 1) {
+      for (size_t i = 0; i < m; ++i) acc[i] = T::load(s0[i]);
+    } else {  // the first two sources in one pass
+      const S* s1 = static_cast<const S*>(srcs[1]) + i0;
+      for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(T::load(s0[i]), T::load(s1[i]))));
+    }
+    for (int r = 2; r < n; ++r) {
       const S* sr = static_cast<const S*>(srcs[r]) + i0;
       for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(acc[i], T::load(sr[i]))));
     }
