@@ -159,8 +159,12 @@ struct Max {
 // stores: the destination lines are not read for ownership first (a third of
 // a normal copy's memory traffic), and the ranks share the memory bus.
 
-// Messages from this size stream (they do not stay in the caches anyway).
-constexpr size_t kStreamBytes = size_t{8} << 20;
+// Collectives whose buffers (all ranks' together) exceed a last-level cache
+// slice stream their results: they would not stay in the cache anyway.
+// Smaller ones keep normal stores, which leave the results in the cache.
+// (A fixed size: in a VM, sysconf reports the whole host's L3.)
+constexpr size_t kCacheBytes = size_t{32} << 20;
+bool streams(size_t bytes_all_ranks) { return bytes_all_ranks > kCacheBytes; }
 // A work item of the single-copy path: large enough to amortize claiming
 // it, small enough that a rank the scheduler left out holds up little.
 constexpr size_t kItemBytes = size_t{256} << 10;
@@ -705,7 +709,7 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
     // Item i: elements [i * per, (i + 1) * per) reduced from every rank's
     // tensor into all of them (whole cache lines: no two ranks write one).
     const size_t per = std::max<size_t>(1, kItemBytes / es);
-    const bool stream = count * es >= kStreamBytes;
+    const bool stream = streams(count * es * size_);
     DirectPlan plan;
     plan.in = data;
     plan.in_bytes = count * es;
@@ -777,7 +781,7 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
     // every rank's input into rank d's output.
     const size_t per = std::max<size_t>(1, kItemBytes / es);
     const size_t perBlock = std::max<size_t>(1, (count + per - 1) / per);
-    const bool stream = count * es * size_ >= kStreamBytes;
+    const bool stream = streams(count * es * size_ * size_ + count * es * size_);
     DirectPlan plan;
     plan.in = input;
     plan.in_bytes = count * es * size_;
@@ -825,7 +829,7 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
   const char* in = static_cast<const char*>(input);
   const size_t maxStep = half_bytes();
   if (peers_ && bytes * size_ >= kDirectBytes) {
-    const bool stream = bytes * size_ >= kStreamBytes;
+    const bool stream = streams(bytes * size_ * size_ + bytes * size_);
     bool contiguous = true;  // outputs[r] are the blocks of one buffer
     for (int r = 0; r < size_; ++r) contiguous = contiguous && outputs[r] == static_cast<char*>(outputs[0]) + r * bytes;
     const size_t perBlock = (bytes + kItemBytes - 1) / kItemBytes;

@@ -237,12 +237,13 @@ def same(what, got, want):
 
 
 def test_single_copy_path_matches_a_cpu_reference():
-    # 300001 elements (odd, ~1.2 MB fp32) and 2**21 + 5 (> 8 MiB fp32: streamed stores).
+    # 300001 elements (odd, ~1.2 MB fp32) and 2**22 + 5 (> 16 MiB fp32: both ranks'
+    # buffers exceed 32 MiB, so the results leave with streaming stores).
     proc, _ = run(DIRECT + """
 R = dist.ReduceOp
 assert peer_mappings() == 0
 seed = 0
-for n in (300001, 2**21 + 5):
+for n in (300001, 2**22 + 5):
     for dtype, op, ref in [(torch.float32, R.SUM, lambda a, b: a + b), (torch.bfloat16, R.AVG, lambda a, b: (a + b) / 2),
                            (torch.int64, R.MAX, torch.maximum), (torch.float16, R.MIN, torch.minimum)]:
         seed += 1

@@ -420,8 +420,9 @@ TEST(ShmCollectivesDirect, ResultsMatchAReferenceAndPeersAreMapped) {
 }
 
 TEST(ShmCollectivesDirect, LargeMessagesStreamTheirResults) {
-  // 10 MiB per block: above kStreamBytes (non-temporal stores).
-  expect_all_zero(run_group(2, 8192, [](ShmCollectives& g) { return run_direct(g, (10 << 20) / 4 + 3, true, true); }));
+  // 17 MiB per block: the ranks' buffers together exceed a cache slice
+  // (32 MiB), so every collective streams (non-temporal stores).
+  expect_all_zero(run_group(2, 8192, [](ShmCollectives& g) { return run_direct(g, (17 << 20) / 4 + 3, true, true); }));
 }
 
 TEST(ShmCollectivesDirect, ABufferThatIsNotShareableFallsBackToTheSlots) {
