@@ -106,10 +106,12 @@ def memcpy_bandwidth(nbytes: int, target: float, samples: int = 5) -> float:
 # ---- the ranks ----------------------------------------------------------------------
 
 
-def _timed(fn, target: float, sync, min_iters: int = 2, max_iters: int = 2000, samples: int = 3) -> float:
+def _timed(fn, target: float, sync, min_iters: int = 2, max_iters: int = 2000, samples: int = 3,
+           runs_out: list | None = None) -> float:
     """Seconds per call of ``fn``: after one warm-up call, ``samples`` runs of
     ``n`` back-to-back calls; each run counts at its slowest rank; the median
-    run is reported (the machine is shared: single runs are noisy)."""
+    run is reported (the machine is shared: single runs are noisy). The runs
+    themselves go to ``runs_out`` when given."""
     start = time.perf_counter()
     fn()
     warm = sync(time.perf_counter() - start)
@@ -120,6 +122,8 @@ def _timed(fn, target: float, sync, min_iters: int = 2, max_iters: int = 2000, s
         for _ in range(n):
             fn()
         runs.append(sync(time.perf_counter() - start) / n)
+    if runs_out is not None:
+        runs_out.extend(runs)
     return sorted(runs)[len(runs) // 2]
 
 
@@ -190,8 +194,11 @@ def _rank_main(rank: int, world: int, init_file: str, out_file: str, cfg: dict) 
                     dst = torch.ones(numel, device=device)
                     src = dst.chunk(world)[rank]
                     fn = lambda: dist.all_gather_into_tensor(dst, src, group=group)  # noqa: E731
-                seconds = _timed(fn, cfg["target"], sync)
+                runs: list = []
+                seconds = _timed(fn, cfg["target"], sync, runs_out=runs)
                 results["bandwidth"][f"{coll}|{size}|{name}"] = size / seconds * factor[coll]
+                # The memcpy bound is a best-of-5: the best run is the like-for-like figure.
+                results.setdefault("bandwidth_best", {})[f"{coll}|{size}|{name}"] = size / min(runs) * factor[coll]
                 del fn
     for size in cfg["latency_sizes"]:
         for name, (group, device) in engines.items():
@@ -265,8 +272,8 @@ def report(threads_label: str, world: int, cfg: dict, memcpy: dict, r: dict) -> 
     if cfg["sizes"]:
         lines += ["", "Bus bandwidth, GB/s (nccl-tests busbw); `%memcpy` = busbw / memcpy bandwidth.", "",
                   "| collective | size | memcpy | neuron | neuron/slots | neuron/gloo | gloo | neuron / gloo "
-                  "| neuron %memcpy | slots %memcpy |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| neuron %memcpy | slots %memcpy | neuron %memcpy, best run |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for coll in COLLECTIVES:
             for size in cfg["sizes"]:
                 bw = {e: r["bandwidth"].get(f"{coll}|{size}|{e}") for e in engines + ("neuron/slots",)}
@@ -274,11 +281,16 @@ def report(threads_label: str, world: int, cfg: dict, memcpy: dict, r: dict) -> 
                 gloo = f"{bw['neuron'] / bw['gloo']:.2f}x" if bw["gloo"] else "—"
                 lines.append(f"| {coll} | {human(size)} | {fmt_bw(mc)} | {fmt_bw(bw['neuron'])} | "
                              f"{fmt_bw(bw['neuron/slots'])} | {fmt_bw(bw['neuron/gloo'])} | {fmt_bw(bw['gloo'])} | "
-                             f"{gloo} | {100 * bw['neuron'] / mc:.0f} % | {100 * bw['neuron/slots'] / mc:.0f} % |")
+                             f"{gloo} | {100 * bw['neuron'] / mc:.0f} % | {100 * bw['neuron/slots'] / mc:.0f} % | "
+                             f"{100 * r.get('bandwidth_best', r['bandwidth'])[f'{coll}|{size}|neuron'] / mc:.0f} % |")
         big = [s for s in cfg["sizes"] if s >= MiB]
         if big:
             worst = {c: min(r["bandwidth"][f"{c}|{s}|neuron"] / memcpy[str(s)] for s in big) for c in COLLECTIVES}
             lines += ["", f"Fast-path gate (busbw >= {SHM_GATE:.0%} of memcpy for >= 1 MiB), worst size per collective: "
+                      + ", ".join(f"{c} {v:.0%} {'pass' if v >= SHM_GATE else 'FAIL'}" for c, v in worst.items())]
+            best = r.get("bandwidth_best", r["bandwidth"])
+            worst = {c: min(best[f"{c}|{s}|neuron"] / memcpy[str(s)] for s in big) for c in COLLECTIVES}
+            lines += ["", "Same, best run of each case (as the memcpy bound is a best of 5): "
                       + ", ".join(f"{c} {v:.0%} {'pass' if v >= SHM_GATE else 'FAIL'}" for c, v in worst.items())]
     if cfg["latency_sizes"]:
         lines += ["", "all_reduce latency, µs per call (ratio = neuron / gloo; lower is better).", "",
