@@ -467,3 +467,43 @@ TEST(ShmCollectivesDirect, BackToBackWithASlowRankStaysInStep) {
   });
   expect_all_zero(codes);
 }
+
+TEST(PeerMemory, MapsOncePerSegmentAndDropsMappingsAfterARelease) {
+  // Rank 1 is this very process (a pidfd of ourselves): its segments are
+  // mapped a second time, as a peer's would be.
+  auto a = neuronrt::create_shared_mapping(1 << 20), b = neuronrt::create_shared_mapping(1 << 20);
+  ASSERT_NE(a.base, nullptr);
+  ASSERT_NE(b.base, nullptr);
+  static_cast<char*>(a.base)[4096] = 'a';
+  static_cast<char*>(b.base)[0] = 'b';
+  const int base = memfd_mappings();
+  {
+    neuronrt::PeerMemory peers(0, {::getpid(), ::getpid()});
+    const neuronrt::SharedBuffer ba{1, a.fd, a.bytes, 4096, 0}, bb{2, b.fd, b.bytes, 0, 0};
+    std::string error;
+    char* pa = peers.map(1, ba, 100, &error);
+    ASSERT_NE(pa, nullptr) << error;
+    EXPECT_NE(pa, static_cast<char*>(a.base) + 4096);  // a mapping of its own
+    EXPECT_EQ(*pa, 'a');
+    EXPECT_EQ(peers.map(1, ba, 100, &error), pa);  // cached by serial
+    char* pb = peers.map(1, bb, 100, &error);
+    ASSERT_NE(pb, nullptr) << error;
+    EXPECT_EQ(*pb, 'b');
+    EXPECT_EQ(memfd_mappings(), base + 2);
+    // The owner released a segment since: our mappings of its memory go,
+    // and only what is asked for now is mapped again.
+    neuronrt::SharedBuffer later = bb;
+    later.releases = 1;
+    ASSERT_NE(peers.map(1, later, 100, &error), nullptr) << error;
+    EXPECT_EQ(memfd_mappings(), base + 1);
+    // Ranges outside the segment, our own rank and unknown ranks are refused.
+    neuronrt::SharedBuffer past = later;
+    past.offset = b.bytes - 10;
+    EXPECT_EQ(peers.map(1, past, 100, &error), nullptr);
+    EXPECT_EQ(peers.map(0, later, 100, &error), nullptr);
+    EXPECT_EQ(peers.map(2, later, 100, &error), nullptr);
+  }
+  EXPECT_EQ(memfd_mappings(), base);  // unmapped with the PeerMemory
+  neuronrt::destroy_shared_mapping(a);
+  neuronrt::destroy_shared_mapping(b);
+}
