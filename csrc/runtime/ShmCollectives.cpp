@@ -28,7 +28,8 @@ namespace neuronrt {
 // ---- segment layout ------------------------------------------------------------
 // [header page][size x control page][size x data slot]. A control page holds
 // the rank's Control, two halves of exchange() words and two halves of
-// SharedBuffer (where the rank's buffer of the single-copy path lives).
+// Offer (where the rank's buffers of a single-copy step live). The header
+// page also holds the single-copy steps' shared work counters.
 
 namespace {
 
@@ -158,7 +159,6 @@ struct Max {
 // Large single-copy collectives stream their results out with non-temporal
 // stores: the destination lines are not read for ownership first (a third of
 // a normal copy's memory traffic), and the ranks share the memory bus.
-
 // Collectives whose buffers (all ranks' together) exceed a last-level cache
 // slice stream their results: they would not stay in the cache anyway.
 // Smaller ones keep normal stores, which leave the results in the cache.
