@@ -12,6 +12,7 @@
 
 #include "csrc/aten/HostExecution.h"
 #include "csrc/aten/NeuronFunctions.h"
+#include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/ShmCollectives.h"
 #include "csrc/runtime/Stream.h"
 
@@ -437,7 +438,23 @@ void ProcessGroupNeuron::setupShm(const c10::intrusive_ptr<Store>& store) {
   // Everyone has attached (or given up): the name is no longer needed, and
   // without it the segment goes away with the last process that maps it.
   if (rank_ == 0 && shm) shm->unlink();
-  if (all) shm_ = std::move(shm);
+  if (!all) return;
+  // The single-copy path: peers map each other's device memory. The probe
+  // is a collective: the ranks run it only if all of them want it.
+  const char* direct = std::getenv("TORCH_NEURONX_SHM_DIRECT");
+  s->set(c10::str("direct/", rank_), store_bytes(direct && std::string(direct) == "0" ? "0" : "1"));
+  bool wanted = true;
+  for (int r = 0; r < size_; ++r) wanted = store_string(s->get(c10::str("direct/", r))) == "1" && wanted;
+  if (wanted) {
+    try {
+      if (shm->enable_peer_access(neuronrt::device_buffer_locator(), options_->timeout)) {
+        neuronrt::CachingAllocator::instance().set_shareable(true);
+      }
+    } catch (const neuronrt::ShmError&) {
+      return;  // a peer failed during setup: this group stays on Gloo
+    }
+  }
+  shm_ = std::move(shm);
 }
 
 ProcessGroupNeuron::~ProcessGroupNeuron() {

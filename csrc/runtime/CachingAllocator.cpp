@@ -1,5 +1,9 @@
 #include "CachingAllocator.h"
 
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <memory>
 
@@ -11,6 +15,19 @@
 
 namespace neuronrt {
 namespace {
+
+const size_t kPageBytes = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+
+// Shareable segments each hold an fd: use at most a quarter of the
+// process's limit, so sockets and files keep working.
+size_t shared_fd_budget() {
+  static const size_t budget = [] {
+    struct rlimit rl {};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return size_t{1024};
+    return static_cast<size_t>(rl.rlim_cur) / 4;
+  }();
+  return budget;
+}
 
 StatPool pool_of(size_t size) {
   return size <= CachingAllocator::kSmallSize ? kSmallPool : kLargePool;
@@ -87,7 +104,13 @@ void CachingAllocator::release_block(DeviceState& ds, Block* b) {
   ds.stats.num_device_free++;
   segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
   if (protect_enabled()) protect_remove_segment(b->ptr);
-  std::free(b->ptr);
+  if (b->fd >= 0) {
+    destroy_shared_mapping({b->fd, b->ptr, b->mapped});
+    shared_fds_--;
+    shared_releases_++;
+  } else {
+    std::free(b->ptr);
+  }
   delete b;
 }
 
@@ -125,11 +148,17 @@ void* CachingAllocator::allocate(int device, size_t size) {
       release_cached(ds);
     }
     void* ptr = nullptr;
+    SharedMapping shared;
     if (reserved() + rounded <= ds.capacity) {
       // Protect mode needs whole pages per segment.
       size_t align = protect_enabled() ? protect_page_size() : kAlignment;
       size_t bytes = (rounded + align - 1) / align * align;
-      ptr = std::aligned_alloc(align, bytes);
+      if (shareable_ && rounded >= kShareableMin && shared_fds_ < shared_fd_budget()) {
+        shared = create_shared_mapping((rounded + kPageBytes - 1) / kPageBytes * kPageBytes);
+        ptr = shared.base;  // nullptr: fall back to private memory
+        bytes = shared.bytes;
+      }
+      if (!ptr) ptr = std::aligned_alloc(align, bytes);
       if (ptr && protect_enabled()) protect_add_segment(ptr, bytes);
     }
     if (!ptr) {
@@ -140,6 +169,12 @@ void* CachingAllocator::allocate(int device, size_t size) {
                              reserved(), ds.capacity);
     }
     b = new Block{device, rounded, size, ptr, false};
+    if (shared.base) {
+      b->fd = shared.fd;
+      b->serial = ++shared_serial_;
+      b->mapped = shared.bytes;
+      shared_fds_++;
+    }
     segments_.emplace(reinterpret_cast<uintptr_t>(ptr), b);
     notify(AllocatorEvent::Action::SegmentAlloc, device, ptr, rounded);
     update(ds.stats.segment, rounded, 1);
@@ -263,6 +298,23 @@ void CachingAllocator::set_memory_fraction(int device, double fraction) {
   if (in_bad_fork()) throw BadForkError();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   state(device).capacity = static_cast<size_t>(static_cast<double>(device_properties(device).total_memory) * fraction);
+}
+
+void CachingAllocator::set_shareable(bool enabled) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  shareable_ = enabled;
+}
+
+SharedBuffer CachingAllocator::shared_buffer(const void* ptr, size_t bytes) const {
+  if (in_bad_fork()) return {};
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) return {};
+  --it;
+  const Block* b = it->second;
+  if (b->fd < 0 || addr - it->first > b->mapped || bytes > b->mapped - (addr - it->first)) return {};
+  return {b->serial, b->fd, b->mapped, addr - it->first, shared_releases_};
 }
 
 }  // namespace neuronrt

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "PeerMemory.h"
+
 namespace neuronrt {
 
 struct Stat {
@@ -109,6 +111,15 @@ class CachingAllocator {
   // torch.cuda.set_per_process_memory_fraction does.
   void set_memory_fraction(int device, double fraction);
 
+  // Shareable segments (PeerMemory.h): once enabled, new segments of at least
+  // kShareableMin bytes are memfd-backed so that the other processes of an
+  // intra-node process group can map them (single-copy collectives). Smaller
+  // segments, and any beyond the fd budget, stay private.
+  static constexpr size_t kShareableMin = size_t{256} << 10;
+  void set_shareable(bool enabled);
+  // The shareable segment holding [ptr, ptr + bytes) (serial 0 if none).
+  SharedBuffer shared_buffer(const void* ptr, size_t bytes) const;
+
  private:
   CachingAllocator() = default;
 
@@ -118,6 +129,9 @@ class CachingAllocator {
     size_t requested;  // client size
     void* ptr;
     bool in_use;
+    int fd = -1;          // memfd of a shareable segment
+    uint64_t serial = 0;  // its id for peers (0: private)
+    size_t mapped = 0;    // its mapped length
   };
   struct DeviceState {
     std::multimap<size_t, Block*> cache;  // free blocks by size
@@ -138,6 +152,10 @@ class CachingAllocator {
   // Every live segment (in use or cached), ordered by address.
   std::map<uintptr_t, Block*> segments_;
   AllocatorObserver observer_ = nullptr;
+  bool shareable_ = false;
+  size_t shared_fds_ = 0;         // open memfds of live shareable segments
+  uint64_t shared_serial_ = 0;    // last serial handed out
+  uint64_t shared_releases_ = 0;  // shareable segments released so far
   ReclaimHook reclaim_hook_ = nullptr;
 };
 

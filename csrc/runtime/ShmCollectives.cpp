@@ -27,7 +27,9 @@ namespace neuronrt {
 
 // ---- segment layout ------------------------------------------------------------
 // [header page][size x control page][size x data slot]. A control page holds
-// the rank's Control and two halves of exchange() words.
+// the rank's Control, two halves of exchange() words and two halves of
+// Offer (where the rank's buffers of a single-copy step live). The header
+// page also holds the single-copy steps' shared work counters.
 
 namespace {
 
@@ -41,6 +43,16 @@ struct Header {
   uint64_t size;
   uint64_t slot_bytes;
 };
+
+// Work items of the single-copy steps, shared by all ranks (header page,
+// own cache lines). Both only grow, modulo 2^32; every rank knows each
+// step's base (the ranks run the same steps).
+struct WorkCounters {
+  alignas(64) std::atomic<uint32_t> claimed;  // items handed out
+  alignas(64) std::atomic<uint32_t> done;     // items finished
+  std::atomic<uint32_t> sleepers;             // waiters blocked in a futex on done
+};
+static_assert(64 + sizeof(WorkCounters) <= kPage);
 
 size_t segment_bytes(int size, size_t slot_bytes) {
   return kPage + static_cast<size_t>(size) * (kPage + slot_bytes);
@@ -143,18 +155,94 @@ struct Max {
   }
 };
 
-// dst1 (and dst2 when given) = reduction over srcs[0..n) in that order.
+// ---- moving bytes -------------------------------------------------------------------
+// Large single-copy collectives stream their results out with non-temporal
+// stores: the destination lines are not read for ownership first (a third of
+// a normal copy's memory traffic), and the ranks share the memory bus.
+// Collectives whose buffers (all ranks' together) exceed a last-level cache
+// slice stream their results: they would not stay in the cache anyway.
+// Smaller ones keep normal stores, which leave the results in the cache.
+// (A fixed size: in a VM, sysconf reports the whole host's L3.)
+constexpr size_t kCacheBytes = size_t{32} << 20;
+bool streams(size_t bytes_all_ranks) { return bytes_all_ranks > kCacheBytes; }
+// A work item of the single-copy path: large enough to amortize claiming
+// it, small enough that a rank the scheduler left out holds up little.
+constexpr size_t kItemBytes = size_t{256} << 10;
+
+void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
+#if defined(__x86_64__)
+  if (stream && n >= 256) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    const size_t body = n & ~size_t{63};
+    for (size_t i = 0; i < body; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    std::memcpy(d + body, s + body, n - body);
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, n);
+}
+
+// Streaming stores are weakly ordered: fence them before announcing them.
+void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Copies src to every destination, a block at a time so src is read once.
+void copy_to_all(void* const* dsts, int ndst, const void* src, size_t n, bool stream) {
+  constexpr size_t kBlock = size_t{64} << 10;
+  for (size_t a = 0; a < n; a += kBlock) {
+    const size_t m = std::min(kBlock, n - a);
+    for (int d = 0; d < ndst; ++d) copy_bytes(static_cast<char*>(dsts[d]) + a, static_cast<const char*>(src) + a, m, stream);
+  }
+}
+
+// dsts[0..ndst) = reduction over srcs[0..n) in that order. A destination
+// may be one of the sources: each block is read whole before it is written.
 template <typename T, typename Op>
-void reduce_kernel(const void* const* srcs, int n, void* dst1, void* dst2, size_t count, bool average) {
+void reduce_kernel(const void* const* srcs, int n, void* const* dsts, int ndst, size_t count, bool average,
+                   bool stream) {
   using S = typename T::S;
   using C = typename T::C;
   constexpr size_t kBlock = 1024;
   C acc[kBlock];
+  S out[kBlock];  // streamed results leave from here
   for (size_t i0 = 0; i0 < count; i0 += kBlock) {
     const size_t m = std::min(kBlock, count - i0);
+    // The next block's sources: the prefetchers stop at page boundaries,
+    // and a block is about a page.
+    if (i0 + kBlock < count) {
+      const size_t ahead = std::min(kBlock, count - i0 - kBlock) * sizeof(S);
+      for (int r = 0; r < n; ++r) {
+        const char* next = static_cast<const char*>(srcs[r]) + (i0 + kBlock) * sizeof(S);
+        for (size_t b = 0; b < ahead; b += 64) __builtin_prefetch(next + b);
+      }
+    }
     const S* s0 = static_cast<const S*>(srcs[0]) + i0;
-    for (size_t i = 0; i < m; ++i) acc[i] = T::load(s0[i]);
-    for (int r = 1; r < n; ++r) {
+    if (n == 1) {
+      for (size_t i = 0; i < m; ++i) acc[i] = T::load(s0[i]);
+    } else {  // the first two sources in one pass
+      const S* s1 = static_cast<const S*>(srcs[1]) + i0;
+      for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(T::load(s0[i]), T::load(s1[i]))));
+    }
+    for (int r = 2; r < n; ++r) {
       const S* sr = static_cast<const S*>(srcs[r]) + i0;
       for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(acc[i], T::load(sr[i]))));
     }
@@ -164,34 +252,42 @@ void reduce_kernel(const void* const* srcs, int n, void* dst1, void* dst2, size_
         for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
       }
     }
-    S* d1 = static_cast<S*>(dst1) + i0;
-    for (size_t i = 0; i < m; ++i) d1[i] = T::store(acc[i]);
-    if (dst2) std::memcpy(static_cast<S*>(dst2) + i0, d1, m * sizeof(S));
+    if (stream) {
+      for (size_t i = 0; i < m; ++i) out[i] = T::store(acc[i]);
+      for (int d = 0; d < ndst; ++d) copy_bytes(static_cast<S*>(dsts[d]) + i0, out, m * sizeof(S), true);
+      continue;
+    }
+    S* d0 = static_cast<S*>(dsts[0]) + i0;
+    for (size_t i = 0; i < m; ++i) d0[i] = T::store(acc[i]);
+    // The other destinations copy the first while it is in L1.
+    for (int d = 1; d < ndst; ++d) std::memcpy(static_cast<S*>(dsts[d]) + i0, d0, m * sizeof(S));
   }
 }
 
 template <typename T>
-void reduce_typed(ShmReduceOp op, const void* const* srcs, int n, void* dst1, void* dst2, size_t count) {
+void reduce_typed(ShmReduceOp op, const void* const* srcs, int n, void* const* dsts, int ndst, size_t count,
+                  bool stream) {
   switch (op) {
-    case ShmReduceOp::Sum: return reduce_kernel<T, Sum>(srcs, n, dst1, dst2, count, false);
-    case ShmReduceOp::Avg: return reduce_kernel<T, Sum>(srcs, n, dst1, dst2, count, true);
-    case ShmReduceOp::Product: return reduce_kernel<T, Product>(srcs, n, dst1, dst2, count, false);
-    case ShmReduceOp::Min: return reduce_kernel<T, Min>(srcs, n, dst1, dst2, count, false);
-    case ShmReduceOp::Max: return reduce_kernel<T, Max>(srcs, n, dst1, dst2, count, false);
+    case ShmReduceOp::Sum: return reduce_kernel<T, Sum>(srcs, n, dsts, ndst, count, false, stream);
+    case ShmReduceOp::Avg: return reduce_kernel<T, Sum>(srcs, n, dsts, ndst, count, true, stream);
+    case ShmReduceOp::Product: return reduce_kernel<T, Product>(srcs, n, dsts, ndst, count, false, stream);
+    case ShmReduceOp::Min: return reduce_kernel<T, Min>(srcs, n, dsts, ndst, count, false, stream);
+    case ShmReduceOp::Max: return reduce_kernel<T, Max>(srcs, n, dsts, ndst, count, false, stream);
   }
 }
 
-void reduce(ShmDtype dtype, ShmReduceOp op, const void* const* srcs, int n, void* dst1, void* dst2, size_t count) {
+void reduce(ShmDtype dtype, ShmReduceOp op, const void* const* srcs, int n, void* const* dsts, int ndst,
+            size_t count, bool stream = false) {
   switch (dtype) {
-    case ShmDtype::Float32: return reduce_typed<Plain<float>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Float64: return reduce_typed<Plain<double>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Float16: return reduce_typed<Float16>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::BFloat16: return reduce_typed<BFloat16>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int8: return reduce_typed<Plain<int8_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::UInt8: return reduce_typed<Plain<uint8_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int16: return reduce_typed<Plain<int16_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int32: return reduce_typed<Plain<int32_t>>(op, srcs, n, dst1, dst2, count);
-    case ShmDtype::Int64: return reduce_typed<Plain<int64_t>>(op, srcs, n, dst1, dst2, count);
+    case ShmDtype::Float32: return reduce_typed<Plain<float>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Float64: return reduce_typed<Plain<double>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Float16: return reduce_typed<Float16>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::BFloat16: return reduce_typed<BFloat16>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int8: return reduce_typed<Plain<int8_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::UInt8: return reduce_typed<Plain<uint8_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int16: return reduce_typed<Plain<int16_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int32: return reduce_typed<Plain<int32_t>>(op, srcs, n, dsts, ndst, count, stream);
+    case ShmDtype::Int64: return reduce_typed<Plain<int64_t>>(op, srcs, n, dsts, ndst, count, stream);
   }
 }
 
@@ -236,7 +332,8 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_al
 
 ShmCollectives::ShmCollectives(std::string name, int rank, int size, void* base, size_t bytes, size_t slot_bytes)
     : name_(std::move(name)), rank_(rank), size_(size), base_(base), bytes_(bytes), slot_bytes_(slot_bytes) {
-  static_assert(sizeof(Control) <= 128 && 128 + 2 * kExchangeWords * sizeof(int64_t) <= kPage);
+  static_assert(sizeof(Control) <= 128 && 128 + 2 * kExchangeWords * sizeof(int64_t) + 2 * sizeof(Offer) <= kPage);
+  static_assert(std::is_trivially_copyable_v<SharedBuffer>);
   pidns_ = pid_namespace();
   Control& me = control(rank_);
   me.pid = static_cast<int32_t>(::getpid());
@@ -311,6 +408,16 @@ ShmCollectives::Control& ShmCollectives::control(int r) const {
 
 int64_t* ShmCollectives::words(int r, int half) const {
   return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(&control(r)) + 128) + half * kExchangeWords;
+}
+
+namespace {
+WorkCounters& work_counters(void* base) {
+  return *reinterpret_cast<WorkCounters*>(static_cast<char*>(base) + 64);
+}
+}  // namespace
+
+ShmCollectives::Offer& ShmCollectives::shared(int r, int half) const {
+  return reinterpret_cast<Offer*>(reinterpret_cast<char*>(words(r, 0)) + 2 * kExchangeWords * sizeof(int64_t))[half];
 }
 
 char* ShmCollectives::slot(int r, int half) const {
@@ -395,46 +502,57 @@ void ShmCollectives::wait_peers(uint32_t target, const char* what) {
 
 void ShmCollectives::wait_peer(int peer, uint32_t target, const char* what) {
   Control& c = control(peer);
-  if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+  wait_word(c.seq, c.sleepers, target, peer, what);
+}
+
+void ShmCollectives::wait_word(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target,
+                               int peer, const char* what) {
+  if (reached(word.load(std::memory_order_acquire), target)) return;
   const auto start = std::chrono::steady_clock::now();
   // Spin briefly (~10 µs: the peer is usually a few microseconds behind),
-  // then yield, then sleep on the peer's sequence word: the machine may have
-  // fewer cores than ranks, and a long spin would take the peer's core.
+  // then yield, then sleep on the word: the machine may have fewer cores
+  // than ranks, and a long spin would take the peer's core.
   for (int i = 0; i < 512; ++i) {
     cpu_relax();
-    if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+    if (reached(word.load(std::memory_order_acquire), target)) return;
   }
   auto lastLiveness = start;
+  const int first = peer < 0 ? 0 : peer, last = peer < 0 ? size_ - 1 : peer;  // whom we wait for
   while (true) {
-    uint32_t seen = c.seq.load(std::memory_order_acquire);
+    uint32_t seen = word.load(std::memory_order_acquire);
     if (reached(seen, target)) return;
     if (aborted_.load()) fail(ShmError::Kind::Aborted, std::string(what) + ": the process group was aborted");
-    if (c.aborted.load()) {
-      fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(peer) +
-                                         " failed or aborted (see its error)");
+    for (int p = first; p <= last; ++p) {
+      if (p != rank_ && control(p).aborted.load()) {
+        fail(ShmError::Kind::PeerGone,
+             std::string(what) + ": peer rank " + std::to_string(p) + " failed or aborted (see its error)");
+      }
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline_) {
+      const std::string whom = peer < 0 ? "the peers" : "rank " + std::to_string(peer);
       fail(ShmError::Kind::Timeout,
-           std::string(what) + ": timed out waiting for rank " + std::to_string(peer) + " (the peer may have hung or exited)");
+           std::string(what) + ": timed out waiting for " + whom + " (the peer may have hung or exited)");
     }
     if (now - lastLiveness > std::chrono::milliseconds(100)) {
       lastLiveness = now;
-      if (peer_gone(peer)) {
-        fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(peer) + " (pid " +
-                                           std::to_string(c.pid) + ") exited");
+      for (int p = first; p <= last; ++p) {
+        if (p != rank_ && peer_gone(p)) {
+          fail(ShmError::Kind::PeerGone, std::string(what) + ": peer rank " + std::to_string(p) + " (pid " +
+                                             std::to_string(control(p).pid) + ") exited");
+        }
       }
     }
     if (now - start < std::chrono::microseconds(50)) {
       std::this_thread::yield();
       continue;
     }
-    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (c.seq.load(std::memory_order_seq_cst) == seen && !aborted_.load()) {
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (word.load(std::memory_order_seq_cst) == seen && !aborted_.load()) {
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now);
-      futex_wait(&c.seq, seen, std::clamp(left, std::chrono::microseconds(1), std::chrono::microseconds(5000)));
+      futex_wait(&word, seen, std::clamp(left, std::chrono::microseconds(1), std::chrono::microseconds(5000)));
     }
-    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
@@ -444,6 +562,127 @@ void ShmCollectives::abort() noexcept {
   if (!base_) return;
   control(rank_).aborted.store(1);
   for (int r = 0; r < size_; ++r) futex_wake(&control(r).seq);
+}
+
+// ---- single-copy path ---------------------------------------------------------------------
+
+bool ShmCollectives::enable_peer_access(BufferLocator locate, std::chrono::milliseconds timeout) {
+  // Each rank offers a one-page memfd holding a marker; every peer must map
+  // it through a pidfd and see the marker (same host, same pid namespace,
+  // ptrace permission, no seccomp filter in the way).
+  const SharedMapping probe = create_shared_mapping(kPage);
+  const uint64_t marker = 0x4e52545850524f42ull ^ (static_cast<uint64_t>(::getpid()) << 8) ^ static_cast<uint64_t>(rank_);
+  if (probe.base) std::memcpy(probe.base, &marker, sizeof(marker));
+  const int64_t offer[3] = {probe.base ? probe.fd : -1, static_cast<int64_t>(marker), ::getpid()};
+  std::vector<int64_t> all(static_cast<size_t>(size_) * 3);
+  std::unique_ptr<PeerMemory> peers;
+  bool agreed = true;
+  try {
+    exchange({offer, 3, [&](const int64_t* a) { std::copy(a, a + all.size(), all.begin()); }}, timeout);
+    bool ok = true;
+    for (int r = 0; r < size_ && ok; ++r) ok = all[3 * r] >= 0 && control(r).pidns == pidns_ && pidns_ != 0;
+    std::vector<pid_t> pids(size_);
+    for (int r = 0; r < size_; ++r) pids[r] = static_cast<pid_t>(all[3 * r + 2]);
+    if (ok) {
+      try {
+        peers = std::make_unique<PeerMemory>(rank_, pids);
+      } catch (const Error&) {
+        ok = false;
+      }
+    }
+    std::string why;
+    for (int r = 0; r < size_ && ok; ++r) {
+      if (r == rank_) continue;
+      const SharedBuffer offered{1, all[3 * r], kPage, 0, 0};
+      ok = peers->probe(r, offered, static_cast<uint64_t>(all[3 * r + 1]), &why);
+    }
+    // Every rank learns every rank's result: the path is on for all or none.
+    const int64_t mine = ok ? 1 : 0;
+    exchange({&mine, 1, [&](const int64_t* a) {
+                for (int r = 0; r < size_; ++r) agreed = agreed && a[r] == 1;
+              }},
+             timeout);
+  } catch (...) {
+    destroy_shared_mapping(probe);
+    throw;
+  }
+  destroy_shared_mapping(probe);  // every peer is past its probe
+  if (agreed && peers) {
+    peers_ = std::move(peers);
+    locate_ = std::move(locate);
+  }
+  return peer_access();
+}
+
+bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what) {
+  const int h = begin_step(what);
+  shared(rank_, h) = {locate_(plan.in, plan.in_bytes), plan.out ? locate_(plan.out, plan.out_bytes) : SharedBuffer{},
+                      plan.mode};
+  publish(check, h);
+  arrive();
+  wait_peers(2 * (step_ - 1) + 1, what);
+  verify(check, h);
+  bool insOk = true, outsOk = true;
+  for (int r = 0; r < size_; ++r) {
+    const Offer& o = shared(r, h);
+    insOk = insOk && o.in.serial != 0 && o.mode == plan.mode;
+    outsOk = outsOk && (!plan.out || o.out.serial != 0);
+  }
+  if (!insOk || (!outsOk && !plan.mine)) {
+    arrive();
+    return false;
+  }
+  std::vector<char*> ins(size_), outs(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      ins[r] = const_cast<char*>(static_cast<const char*>(plan.in));
+      outs[r] = const_cast<char*>(static_cast<const char*>(plan.out));
+      continue;
+    }
+    std::string error;
+    ins[r] = peers_->map(r, shared(r, h).in, plan.in_bytes, &error);
+    if (ins[r] && plan.out && outsOk) outs[r] = peers_->map(r, shared(r, h).out, plan.out_bytes, &error);
+    if (!ins[r] || (plan.out && outsOk && !outs[r])) {
+      const auto kind = errno == ESRCH ? ShmError::Kind::PeerGone : ShmError::Kind::Setup;
+      fail(kind, std::string(what) + ": " + error);
+    }
+  }
+  if (!plan.shared || !outsOk) {
+    // Each rank runs its own items (all of them, or `mine` when some
+    // rank's output cannot be mapped).
+    for (size_t i = 0; i < plan.items; ++i) {
+      if (outsOk || plan.mine(i)) plan.run(i, ins.data(), outs.data());
+    }
+    store_fence();
+    arrive();
+    // Peers may still read or write our buffers: they are the caller's
+    // again only once every rank is done.
+    wait_peers(2 * (step_ - 1) + 2, what);
+    return true;
+  }
+  // Any rank does any item: whoever runs takes the next one, so a rank the
+  // scheduler left out (more ranks than cores) does not hold up the others.
+  // Every rank claims once past the end, hence the next base.
+  WorkCounters& w = work_counters(base_);
+  const uint32_t items = static_cast<uint32_t>(plan.items);
+  uint32_t finished = 0;
+  while (true) {
+    const uint32_t i = w.claimed.fetch_add(1, std::memory_order_relaxed) - claim_base_;
+    if (i >= items) break;
+    plan.run(i, ins.data(), outs.data());
+    ++finished;
+  }
+  claim_base_ += items + static_cast<uint32_t>(size_);
+  done_base_ += items;
+  store_fence();
+  if (finished) {
+    w.done.fetch_add(finished, std::memory_order_seq_cst);
+    if (w.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&w.done);
+  }
+  arrive();
+  // Every item is done: nobody touches the buffers any more.
+  wait_word(w.done, w.sleepers, done_base_, -1, what);
+  return true;
 }
 
 // ---- collectives ------------------------------------------------------------------------
@@ -466,6 +705,30 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
   // whole step in rank order (so all ranks still hold identical bits).
   const bool oneShot = count * es <= std::min(kOneShotBytes, half_bytes());
   char* base = static_cast<char*>(data);
+  if (peers_ && count * es >= kDirectBytes) {
+    // Item i: elements [i * per, (i + 1) * per) reduced from every rank's
+    // tensor into all of them (whole cache lines: no two ranks write one).
+    const size_t per = std::max<size_t>(1, kItemBytes / es);
+    const bool stream = streams(count * es * size_);
+    DirectPlan plan;
+    plan.in = data;
+    plan.in_bytes = count * es;
+    plan.items = (count + per - 1) / per;
+    plan.run = [&](size_t i, char* const* ins, char* const*) {
+      const size_t lo = i * per, n = std::min(per, count - lo);
+      std::vector<const void*> srcs(size_);
+      std::vector<void*> dsts;
+      dsts.push_back(ins[rank_] + lo * es);  // ours first: the others copy it from L1
+      for (int r = 0; r < size_; ++r) {
+        srcs[r] = ins[r] + lo * es;
+        if (r != rank_) dsts.push_back(ins[r] + lo * es);
+      }
+      reduce(dtype, op, srcs.data(), size_, dsts.data(), size_, n, stream);
+    };
+    const bool done = direct_step(plan, check, what);
+    if (done) return;
+    check = nullptr;  // verified in that step
+  }
   std::vector<const void*> srcs(size_);
   for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, count - a);
@@ -487,8 +750,8 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
     wait_peers(2 * (step_ - 1) + 1, what);
     if (a == 0) verify(check, h);
     for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
-    reduce(dtype, op, srcs.data(), size_, chunk + lo(me) * es, oneShot ? nullptr : mine + lo(me) * es,
-           hi(me) - lo(me));
+    void* dsts[2] = {chunk + lo(me) * es, mine + lo(me) * es};
+    reduce(dtype, op, srcs.data(), size_, dsts, oneShot ? 1 : 2, hi(me) - lo(me));
     arrive();
     if (!oneShot) {
       wait_peers(2 * (step_ - 1) + 2, what);
@@ -513,6 +776,30 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
   std::vector<const void*> srcs(size_);
+  if (peers_ && count * es * size_ >= kDirectBytes) {
+    // Item (d, j): elements [j * per, (j + 1) * per) of block d, reduced from
+    // every rank's input into rank d's output.
+    const size_t per = std::max<size_t>(1, kItemBytes / es);
+    const size_t perBlock = std::max<size_t>(1, (count + per - 1) / per);
+    const bool stream = streams(count * es * size_ * size_ + count * es * size_);
+    DirectPlan plan;
+    plan.in = input;
+    plan.in_bytes = count * es * size_;
+    plan.out = output;
+    plan.out_bytes = count * es;
+    plan.items = count ? perBlock * static_cast<size_t>(size_) : 0;
+    plan.mine = [&](size_t i) { return i / perBlock == static_cast<size_t>(rank_); };  // an output is private
+    plan.run = [&](size_t i, char* const* ins, char* const* outs) {
+      const size_t d = i / perBlock, lo = (i % perBlock) * per, n = std::min(per, count - lo);
+      std::vector<const void*> s(size_);
+      for (int r = 0; r < size_; ++r) s[r] = ins[r] + (d * count + lo) * es;
+      void* dst = outs[d] + lo * es;
+      reduce(dtype, op, s.data(), size_, &dst, 1, n, stream);
+    };
+    const bool done = direct_step(plan, check, what);
+    if (done) return;
+    check = nullptr;
+  }
   for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, count - a);
     const int h = begin_step(what);
@@ -527,7 +814,8 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
     for (int r = 0; r < size_; ++r) {
       srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
     }
-    reduce(dtype, op, srcs.data(), size_, out + a * es, nullptr, c);
+    void* dst = out + a * es;
+    reduce(dtype, op, srcs.data(), size_, &dst, 1, c);
     arrive();  // done reading the peers' halves
     if (count == 0) break;
   }
@@ -540,6 +828,45 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
   deadline_ = deadline_after(timeout);
   const char* in = static_cast<const char*>(input);
   const size_t maxStep = half_bytes();
+  if (peers_ && bytes * size_ >= kDirectBytes) {
+    const bool stream = streams(bytes * size_ * size_ + bytes * size_);
+    bool contiguous = true;  // outputs[r] are the blocks of one buffer
+    for (int r = 0; r < size_; ++r) contiguous = contiguous && outputs[r] == static_cast<char*>(outputs[0]) + r * bytes;
+    const size_t perBlock = (bytes + kItemBytes - 1) / kItemBytes;
+    DirectPlan plan;
+    plan.in = input;
+    plan.in_bytes = bytes;
+    if (contiguous) {
+      // Item (k, j): bytes [j * kItemBytes, ...) of rank k's input, written
+      // into every rank's output (read once; in place, rank k's own output
+      // already holds them).
+      plan.out = outputs[0];
+      plan.out_bytes = bytes * size_;
+      plan.mode = 1;
+      plan.items = perBlock * static_cast<size_t>(size_);
+      plan.run = [&](size_t i, char* const* ins, char* const* outs) {
+        const size_t k = i / perBlock, lo = (i % perBlock) * kItemBytes, n = std::min(kItemBytes, bytes - lo);
+        std::vector<void*> dsts;
+        for (int r = 0; r < size_; ++r) {
+          char* d = outs[r] + k * bytes + lo;
+          if (d != ins[k] + lo) dsts.push_back(d);
+        }
+        copy_to_all(dsts.data(), static_cast<int>(dsts.size()), ins[k] + lo, n, stream);
+      };
+    } else {
+      // Separate output tensors (only ours are known): each rank copies
+      // every input into its outputs itself.
+      plan.mode = 2;
+      plan.items = static_cast<size_t>(size_);
+      plan.shared = false;
+      plan.run = [&](size_t k, char* const* ins, char* const*) {
+        if (outputs[k] != ins[k]) copy_bytes(outputs[k], ins[k], bytes, stream);
+      };
+    }
+    const bool done = direct_step(plan, check, what);
+    if (done) return;
+    check = nullptr;
+  }
   for (size_t a = 0; a < bytes || (bytes == 0 && a == 0); a += maxStep) {
     const size_t c = std::min(maxStep, bytes - a);
     const int h = begin_step(what);

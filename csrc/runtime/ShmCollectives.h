@@ -15,6 +15,14 @@
 // an error the group is unusable (its ranks no longer agree on the step
 // count) and every later call raises at once.
 //
+// Single-copy path: once enable_peer_access() succeeded, collectives of at
+// least kDirectBytes whose buffers every rank has in shareable device memory
+// (PeerMemory.h) skip the slots: the first step publishes where each rank's
+// buffer lives, and each rank then reduces (or copies) its share straight
+// from the peers' buffers into the destinations, its own and theirs. A
+// collective where some rank's buffer is not shareable notices it in that
+// same step, on every rank, and continues through the slots.
+//
 // No torch: the distributed layer (csrc/distributed) maps its dtypes and
 // ops onto ShmDtype/ShmReduceOp, does the rendezvous of the segment name
 // through its c10d Store, and calls these methods inside a runtime launch,
@@ -31,6 +39,7 @@
 #include <vector>
 
 #include "Error.h"
+#include "PeerMemory.h"
 
 namespace neuronrt {
 
@@ -69,7 +78,9 @@ class ShmCollectives {
   // synchronization per step) instead of a portion each (two).
   static constexpr size_t kOneShotBytes = size_t{256} << 10;
   // int64 words each rank can publish per exchange() (per half).
-  static constexpr size_t kExchangeWords = 240;
+  static constexpr size_t kExchangeWords = 224;
+  // Messages from this size take the single-copy path when it is enabled.
+  static constexpr size_t kDirectBytes = size_t{256} << 10;
 
   // Rank 0 creates a fresh segment (a unique name under /dev/shm); the
   // others attach() to name() once rank 0 published it. Throws ShmError
@@ -105,6 +116,14 @@ class ShmCollectives {
   // count <= kExchangeWords.
   void exchange(const ShmCheck& check, std::chrono::milliseconds timeout);
 
+  // Collective over all ranks: checks that every rank can map every other
+  // rank's memory (pidfd_getfd of a probe memfd) and, if all can, enables the
+  // single-copy path, with `locate` telling where this rank's buffers live.
+  // Returns whether it is enabled (the same answer on every rank). Throws
+  // ShmError when a peer fails or times out during the probe.
+  bool enable_peer_access(BufferLocator locate, std::chrono::milliseconds timeout);
+  bool peer_access() const noexcept { return peers_ != nullptr; }
+
   // Fails this rank's waits at once (also from another thread) and tells the
   // peers, whose waits on this rank fail too. The group is unusable after.
   void abort() noexcept;
@@ -127,7 +146,41 @@ class ShmCollectives {
   void verify(const ShmCheck* check, int half);
   void wait_peers(uint32_t target, const char* what);
   void wait_peer(int peer, uint32_t target, const char* what);
+  // Waits until `word` reaches `target`, failing on timeout, abort or the
+  // exit of `peer` (every peer when negative).
+  void wait_word(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target, int peer,
+                 const char* what);
   void check_usable(const char* what) const;
+  // What a rank offers its peers in a single-copy step: its buffer, and
+  // which buffer of the collective that is (all ranks must offer the same).
+  struct Offer {
+    SharedBuffer in;
+    SharedBuffer out;
+    uint64_t mode;
+  };
+  Offer& shared(int r, int half) const;
+  // A single-copy step's work: `items` pieces, each run with every rank's
+  // `in` (and `out`, when given) buffer mapped here. With `shared`, any rank
+  // may run any item (claimed through a shared counter); otherwise each rank
+  // runs all of its own.
+  struct DirectPlan {
+    const void* in = nullptr;
+    size_t in_bytes = 0;
+    const void* out = nullptr;
+    size_t out_bytes = 0;
+    uint64_t mode = 0;
+    size_t items = 0;
+    bool shared = true;
+    std::function<void(size_t item, char* const* ins, char* const* outs)> run;
+    // The items this rank runs itself when some rank's `out` is not
+    // shareable (unset: the step then takes the slots).
+    std::function<bool(size_t item)> mine;
+  };
+  // Publishes our buffers, meets the peers, and if every rank's buffers are
+  // shareable and offered in the same mode, runs the plan; returns once no
+  // rank touches our buffers any more. Returns false otherwise (the step is
+  // complete, nothing moved, the check passed).
+  bool direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what);
   [[noreturn]] void fail(ShmError::Kind kind, const std::string& msg);
   bool peer_gone(int peer) const;
 
@@ -139,9 +192,13 @@ class ShmCollectives {
   size_t slot_bytes_;
   uint64_t pidns_ = 0;  // our pid namespace: peer liveness checks need the same one
   uint32_t step_ = 0;  // steps begun; identical on every rank
+  uint32_t claim_base_ = 0;  // the shared work counters at this step's start
+  uint32_t done_base_ = 0;
   std::chrono::steady_clock::time_point deadline_{};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};
+  std::unique_ptr<PeerMemory> peers_;  // set by enable_peer_access
+  BufferLocator locate_;
 };
 
 }  // namespace neuronrt

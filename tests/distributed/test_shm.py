@@ -7,7 +7,11 @@
 - faults: a peer that exits or hangs during a shared-memory collective ends
   it with DistBackendError within timeout + 1 s, naming the collective;
 - protect mode: with ``NEURON_RT_PROTECT=1`` the fast path reads and writes
-  device memory only inside runtime launches (a bypass would fault).
+  device memory only inside runtime launches (a bypass would fault);
+- the single-copy path (messages >= 256 KiB in shareable device memory):
+  results against a CPU reference, the peer's segments really mapped (and
+  dropped once the peer released them), the fallback when one rank's buffer
+  is not shareable, and ``TORCH_NEURONX_SHM_DIRECT=0``.
 """
 
 import pytest
@@ -203,3 +207,114 @@ dist.destroy_process_group()
 """, env={"NEURON_RT_PROTECT": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     assert "PROTECT 0 True" in proc.stdout and "PROTECT 1 True" in proc.stdout, proc.stdout
+
+
+DIRECT = """
+def peer_mappings():
+    # Mappings of device-memory memfds that are not ours (our segments' fds are open here).
+    own = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "neuron-device-memory" in os.readlink(f"/proc/self/fd/{fd}"):
+                own.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    with open("/proc/self/maps") as f:
+        return sum(1 for ln in f if "neuron-device-memory" in ln and int(ln.split()[4]) not in own)
+def inputs(dtype, n, seed):
+    # Every rank's data, made on every rank: the reference needs no communication.
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 10 + r)
+        x = torch.randn(n, generator=g) * 3 if dtype.is_floating_point else torch.randint(-50, 50, (n,), generator=g)
+        out.append(x.to(dtype))
+    return out
+bad = []
+def same(what, got, want):
+    if got.dtype != want.dtype or not torch.equal(got.cpu(), want):
+        bad.append(what)
+"""
+
+
+def test_single_copy_path_matches_a_cpu_reference():
+    # 300001 elements (odd, ~1.2 MB fp32) and 2**22 + 5 (> 16 MiB fp32: both ranks'
+    # buffers exceed 32 MiB, so the results leave with streaming stores).
+    proc, _ = run(DIRECT + """
+R = dist.ReduceOp
+assert peer_mappings() == 0
+seed = 0
+for n in (300001, 2**22 + 5):
+    for dtype, op, ref in [(torch.float32, R.SUM, lambda a, b: a + b), (torch.bfloat16, R.AVG, lambda a, b: (a + b) / 2),
+                           (torch.int64, R.MAX, torch.maximum), (torch.float16, R.MIN, torch.minimum)]:
+        seed += 1
+        xs = inputs(dtype, n, seed)
+        t = xs[rank].to(dev)
+        dist.all_reduce(t, op=op)
+        same(f"all_reduce {dtype} {op} {n}", t, ref(xs[0], xs[1]))
+        ins = inputs(dtype, 2 * n, seed + 100)
+        out = torch.empty(n, dtype=dtype, device=dev)
+        dist.reduce_scatter_tensor(out, ins[rank].to(dev), op=op)
+        same(f"reduce_scatter_tensor {dtype} {op} {n}", out, ref(ins[0], ins[1])[rank * n:(rank + 1) * n])
+    xs = inputs(torch.float32, n, seed + 200)
+    full = torch.cat(xs)
+    out = torch.empty(2 * n, device=dev)
+    dist.all_gather_into_tensor(out, xs[rank].to(dev))
+    same(f"all_gather_into_tensor {n}", out, full)
+    buf = torch.zeros(2 * n, device=dev)
+    buf[rank * n:(rank + 1) * n] = xs[rank].to(dev)
+    dist.all_gather_into_tensor(buf, buf[rank * n:(rank + 1) * n])  # in place, as FSDP2 calls it
+    same(f"all_gather in place {n}", buf, full)
+    outs = [torch.empty(n, device=dev) for _ in range(world)]
+    dist.all_gather(outs, xs[rank].to(dev))
+    same(f"all_gather list {n}", torch.cat(outs), full)
+maps = peer_mappings()
+sys.stdout.write(f"DIRECT {rank} maps={maps} BAD {json.dumps(bad)}\\n"); sys.stdout.flush()
+dist.destroy_process_group()
+""", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    for rank in (0, 1):
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"DIRECT {rank} "))
+        assert line.endswith("BAD []"), line
+        assert int(line.split()[2].split("=")[1]) > 0, line  # the peer's memory was mapped
+
+
+def test_single_copy_path_drops_released_peer_memory_and_falls_back():
+    proc, _ = run(DIRECT + """
+spare = torch.empty(2**20, device=dev)  # a segment no collective uses
+x = torch.full((2**20,), float(rank + 1), device=dev)  # 4 MiB
+dist.all_reduce(x)
+same("first", x, torch.full((2**20,), 3.0))
+first = peer_mappings()
+# Rank 1 releases a segment: at the next collective rank 0 drops what it
+# mapped of rank 1 (it cannot tell which segment went, and must not keep the
+# peer's freed memory resident), then maps only what that collective needs.
+if rank == 1:
+    del spare
+    torch.neuron.empty_cache()
+y = torch.full((2**19,), float(rank + 1), device=dev)
+dist.all_reduce(y)
+same("after release", y, torch.full((2**19,), 3.0))
+after = peer_mappings()
+# A buffer one rank holds outside shareable memory (a CPU tensor): every rank
+# takes the slots for that collective, with the same result.
+z = torch.full((2**19,), float(rank + 1), device=dev if rank == 0 else "cpu")
+dist.all_reduce(z)
+same("mixed", z, torch.full((2**19,), 3.0))
+# TORCH_NEURONX_SHM_DIRECT=0 (read when a group is made): slots only.
+os.environ["TORCH_NEURONX_SHM_DIRECT"] = "0"
+slots = dist.new_group(backend="neuron")
+before = peer_mappings()
+w = torch.full((2**19,), float(rank + 1), device=dev)
+dist.all_reduce(w, group=slots)
+same("direct off", w, torch.full((2**19,), 3.0))
+off = peer_mappings() - before
+sys.stdout.write(f"RELEASE {rank} first={first} after={after} off={off} BAD {json.dumps(bad)}\\n"); sys.stdout.flush()
+dist.destroy_process_group()
+""")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    lines = {r: next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"RELEASE {r} ")) for r in (0, 1)}
+    for line in lines.values():
+        assert line.endswith("BAD []"), line
+        assert "off=0" in line, line
+    fields = dict(kv.split("=") for kv in lines[0].split()[2:5])
+    assert int(fields["first"]) >= 1 and int(fields["after"]) == 1, lines[0]

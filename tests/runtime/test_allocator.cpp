@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Device.h"
@@ -68,4 +69,42 @@ TEST(CachingAllocator, RejectsForeignPointers) {
   int x = 0;
   EXPECT_THROW(CachingAllocator::instance().free(&x), neuronrt::Error);
   EXPECT_THROW(CachingAllocator::instance().allocate(99, 16), neuronrt::InvalidDeviceError);
+}
+
+// Shareable segments (single-copy collectives): large blocks are memfds a
+// peer could map; the fd maps the same bytes; small blocks stay private; a
+// released segment counts in shared_releases so peers drop their mappings.
+TEST(CachingAllocator, ShareableSegmentsAreMemfdsOnceEnabled) {
+  auto& a = CachingAllocator::instance();
+  a.empty_cache(0);
+  void* before = a.allocate(0, 1 << 20);
+  EXPECT_EQ(a.shared_buffer(before, 1 << 20).serial, 0u);  // not enabled yet
+  a.set_shareable(true);
+  void* big = a.allocate(0, 3 << 20);
+  void* small = a.allocate(0, 4096);
+  const auto sb = a.shared_buffer(static_cast<char*>(big) + 4096, 1 << 20);
+  ASSERT_NE(sb.serial, 0u);
+  EXPECT_GE(sb.fd, 0);
+  EXPECT_EQ(sb.offset, 4096u);
+  EXPECT_GE(sb.segment_bytes, size_t{3} << 20);
+  EXPECT_EQ(a.shared_buffer(small, 4096).serial, 0u);
+  // A range running past the segment is not shareable.
+  EXPECT_EQ(a.shared_buffer(big, sb.segment_bytes + 1).serial, 0u);
+  // Another mapping of the fd sees the block's bytes.
+  static_cast<char*>(big)[4096] = 42;
+  void* view = ::mmap(nullptr, sb.segment_bytes, PROT_READ, MAP_SHARED, static_cast<int>(sb.fd), 0);
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_EQ(static_cast<char*>(view)[4096], 42);
+  ::munmap(view, sb.segment_bytes);
+  a.free(big);
+  a.free(small);
+  a.free(before);
+  a.empty_cache(0);
+  void* again = a.allocate(0, 3 << 20);
+  const auto sb2 = a.shared_buffer(again, 3 << 20);
+  EXPECT_GT(sb2.serial, sb.serial);  // serials are never reused
+  EXPECT_EQ(sb2.releases, sb.releases + 1);
+  a.set_shareable(false);
+  a.free(again);
+  a.empty_cache(0);
 }

@@ -321,3 +321,189 @@ TEST(ShmCollectives, AbortReleasesAWaiterAndTellsThePeers) {
   });
   expect_all_zero(codes);
 }
+
+// ---- the single-copy path ------------------------------------------------------------
+// Each rank's buffers live in one memfd (as the allocator's shareable
+// segments do); the locator tells the group where.
+
+namespace {
+
+struct Arena {
+  explicit Arena(size_t bytes, bool shareable = true)
+      : m(neuronrt::create_shared_mapping(bytes)), shareable(shareable) {}
+  ~Arena() { neuronrt::destroy_shared_mapping(m); }
+  template <typename T>
+  T* at(size_t byte_offset) {
+    return reinterpret_cast<T*>(static_cast<char*>(m.base) + byte_offset);
+  }
+  neuronrt::BufferLocator locator() {
+    return [this](const void* p, size_t bytes) -> neuronrt::SharedBuffer {
+      const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(m.base);
+      if (!shareable || a < b || a + bytes > b + m.bytes) return {};
+      return {1, m.fd, m.bytes, a - b, 0};
+    };
+  }
+  neuronrt::SharedMapping m;
+  bool shareable;
+};
+
+// Mappings of device-memory memfds in this process (ours and the peers').
+int memfd_mappings() {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  int n = 0;
+  char line[512];
+  while (f && std::fgets(line, sizeof(line), f)) n += std::strstr(line, "memfd:neuron-device-memory") != nullptr;
+  if (f) std::fclose(f);
+  return n;
+}
+
+// all_reduce, reduce_scatter and all_gather (push: one output buffer, in and
+// out of place; pull: separate outputs) of `count` floats per rank block.
+// Returns 0 when every result equals the reference.
+int run_direct(ShmCollectives& g, size_t count, bool shareable, bool direct) {
+  const int n = g.size(), r = g.rank();
+  const size_t block = count * sizeof(float);
+  Arena arena(3 * n * block + 4096, shareable);
+  if (!arena.m.base) return 20;
+  if (!g.enable_peer_access(arena.locator(), 10s)) return 21;
+  float* ar = arena.at<float>(0);
+  for (size_t i = 0; i < count; ++i) ar[i] = value(r, i);
+  g.all_reduce(ar, count, ShmDtype::Float32, ShmReduceOp::Sum, 10s);
+  for (size_t i = 0; i < count; ++i) {
+    if (ar[i] != expected(ShmReduceOp::Sum, n, i)) return 1;
+  }
+  float* rs = arena.at<float>(block);  // n blocks
+  for (size_t i = 0; i < n * count; ++i) rs[i] = value(r, i);
+  std::vector<float> mine(count, -1.0f);
+  g.reduce_scatter(rs, mine.data(), count, ShmDtype::Float32, ShmReduceOp::Max, 10s);
+  for (size_t i = 0; i < count; ++i) {
+    if (mine[i] != expected(ShmReduceOp::Max, n, r * count + i)) return 2;
+  }
+  float* ag = arena.at<float>((n + 1) * block);  // n blocks
+  std::vector<void*> outs;
+  for (int b = 0; b < n; ++b) outs.push_back(ag + b * count);
+  for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(r * 1000 + i % 997);
+  auto gathered = [&](const std::function<float(int, size_t)>& at) {
+    for (int b = 0; b < n; ++b) {
+      for (size_t i = 0; i < count; ++i) {
+        if (at(b, i) != static_cast<float>(b * 1000 + i % 997)) return false;
+      }
+    }
+    return true;
+  };
+  g.all_gather(mine.data(), outs.data(), block, 10s);  // push, out of place
+  if (!gathered([&](int b, size_t i) { return ag[b * count + i]; })) return 3;
+  std::fill(ag, ag + n * count, -1.0f);
+  std::memcpy(outs[r], mine.data(), block);
+  g.all_gather(outs[r], outs.data(), block, 10s);  // push, in place
+  if (!gathered([&](int b, size_t i) { return ag[b * count + i]; })) return 4;
+  std::vector<std::vector<float>> separate(n, std::vector<float>(count, -1.0f));
+  std::vector<void*> sep;
+  for (auto& v : separate) sep.push_back(v.data());
+  float* input = arena.at<float>(0);  // pull: the input is what peers map
+  std::memcpy(input, mine.data(), block);
+  g.all_gather(input, sep.data(), block, 10s);
+  if (!gathered([&](int b, size_t i) { return separate[b][i]; })) return 5;
+  // Mapped: our arena, plus each peer's when the path was taken.
+  const int maps = memfd_mappings();
+  if (maps != (direct ? n : 1)) return 30 + maps;
+  return 0;
+}
+
+}  // namespace
+
+TEST(ShmCollectivesDirect, ResultsMatchAReferenceAndPeersAreMapped) {
+  // 300001 floats: above kDirectBytes, odd, not a multiple of the world size.
+  for (int n : {2, 3}) {
+    expect_all_zero(run_group(n, 8192, [](ShmCollectives& g) { return run_direct(g, 300001, true, true); }));
+  }
+}
+
+TEST(ShmCollectivesDirect, LargeMessagesStreamTheirResults) {
+  // 17 MiB per block: the ranks' buffers together exceed a cache slice
+  // (32 MiB), so every collective streams (non-temporal stores).
+  expect_all_zero(run_group(2, 8192, [](ShmCollectives& g) { return run_direct(g, (17 << 20) / 4 + 3, true, true); }));
+}
+
+TEST(ShmCollectivesDirect, ABufferThatIsNotShareableFallsBackToTheSlots) {
+  // Rank 1's locator finds nothing: every rank notices in the first step and
+  // the collectives go through the slots, with the same results.
+  expect_all_zero(run_group(2, 8192, [](ShmCollectives& g) { return run_direct(g, 300001, g.rank() == 0, false); }));
+}
+
+TEST(ShmCollectivesDirect, BackToBackWithASlowRankStaysInStep) {
+  // Shared work counters: every step's items are claimed once, whoever runs;
+  // single-copy steps interleave with slot steps and a rank that falls behind.
+  auto codes = run_group(2, 8192, [](ShmCollectives& g) {
+    const int r = g.rank();
+    const size_t count = 100000;  // 400 KB: two items per all_reduce
+    Arena arena(3 * count * sizeof(float));
+    if (!g.enable_peer_access(arena.locator(), 10s)) return 20;
+    float* v = arena.at<float>(0);
+    float* rs = arena.at<float>(count * sizeof(float));  // 2 blocks of count / 2
+    float* half = arena.at<float>(2 * count * sizeof(float));
+    std::vector<float> privateHalf(count / 2), small(100);
+    for (int it = 0; it < 60; ++it) {
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(r + it + i % 7);
+      if (r == 1 && it % 7 == 0) std::this_thread::sleep_for(3ms);
+      g.all_reduce(v, count, ShmDtype::Float32, ShmReduceOp::Sum, 10s);
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != static_cast<float>(1 + 2 * (it + i % 7))) return 1;
+      }
+      for (size_t i = 0; i < count; ++i) rs[i] = static_cast<float>(r * it + i % 5);
+      // Into shareable outputs (any rank reduces any block), then into a
+      // private one (each rank reduces its own block).
+      g.reduce_scatter(rs, half, count / 2, ShmDtype::Float32, ShmReduceOp::Max, 10s);
+      g.reduce_scatter(rs, privateHalf.data(), count / 2, ShmDtype::Float32, ShmReduceOp::Max, 10s);
+      for (size_t i = 0; i < count / 2; ++i) {
+        if (half[i] != static_cast<float>(it + (r * count / 2 + i) % 5)) return 2;
+        if (privateHalf[i] != half[i]) return 4;
+      }
+      std::fill(small.begin(), small.end(), static_cast<float>(r));
+      g.all_reduce(small.data(), small.size(), ShmDtype::Float32, ShmReduceOp::Sum, 10s);  // slots
+      if (small[0] != 1.0f) return 3;
+    }
+    return 0;
+  });
+  expect_all_zero(codes);
+}
+
+TEST(PeerMemory, MapsOncePerSegmentAndDropsMappingsAfterARelease) {
+  // Rank 1 is this very process (a pidfd of ourselves): its segments are
+  // mapped a second time, as a peer's would be.
+  auto a = neuronrt::create_shared_mapping(1 << 20), b = neuronrt::create_shared_mapping(1 << 20);
+  ASSERT_NE(a.base, nullptr);
+  ASSERT_NE(b.base, nullptr);
+  static_cast<char*>(a.base)[4096] = 'a';
+  static_cast<char*>(b.base)[0] = 'b';
+  const int base = memfd_mappings();
+  {
+    neuronrt::PeerMemory peers(0, {::getpid(), ::getpid()});
+    const neuronrt::SharedBuffer ba{1, a.fd, a.bytes, 4096, 0}, bb{2, b.fd, b.bytes, 0, 0};
+    std::string error;
+    char* pa = peers.map(1, ba, 100, &error);
+    ASSERT_NE(pa, nullptr) << error;
+    EXPECT_NE(pa, static_cast<char*>(a.base) + 4096);  // a mapping of its own
+    EXPECT_EQ(*pa, 'a');
+    EXPECT_EQ(peers.map(1, ba, 100, &error), pa);  // cached by serial
+    char* pb = peers.map(1, bb, 100, &error);
+    ASSERT_NE(pb, nullptr) << error;
+    EXPECT_EQ(*pb, 'b');
+    EXPECT_EQ(memfd_mappings(), base + 2);
+    // The owner released a segment since: our mappings of its memory go,
+    // and only what is asked for now is mapped again.
+    neuronrt::SharedBuffer later = bb;
+    later.releases = 1;
+    ASSERT_NE(peers.map(1, later, 100, &error), nullptr) << error;
+    EXPECT_EQ(memfd_mappings(), base + 1);
+    // Ranges outside the segment, our own rank and unknown ranks are refused.
+    neuronrt::SharedBuffer past = later;
+    past.offset = b.bytes - 10;
+    EXPECT_EQ(peers.map(1, past, 100, &error), nullptr);
+    EXPECT_EQ(peers.map(0, later, 100, &error), nullptr);
+    EXPECT_EQ(peers.map(2, later, 100, &error), nullptr);
+  }
+  EXPECT_EQ(memfd_mappings(), base);  // unmapped with the PeerMemory
+  neuronrt::destroy_shared_mapping(a);
+  neuronrt::destroy_shared_mapping(b);
+}
