@@ -14,6 +14,7 @@
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/ShmCollectives.h"
+#include "csrc/runtime/Runtime.h"
 #include "csrc/runtime/Stream.h"
 
 namespace c10d {
@@ -503,21 +504,29 @@ void ProcessGroupNeuron::setSequenceNumberForGroup() {
   seq_ = 0;
 }
 
-c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(OpType type, std::chrono::milliseconds opTimeout,
-                                                    std::vector<at::Tensor> outputs,
-                                                    const std::function<c10::intrusive_ptr<Work>()>& run,
-                                                    std::function<void()> after) {
-  const auto devices = devices_of(outputs);
-  auto work = makeWork(type, opTimeout, std::move(outputs));
-  // The transport reads and writes the buffers on its own threads: the
-  // kernels queued on the current streams (the producers of the inputs, and
-  // earlier readers of the outputs) run first. A failed queued kernel raises
-  // here, before anything moves.
+std::shared_ptr<void> ProcessGroupNeuron::expose(const std::vector<at::Tensor>& a,
+                                                const std::vector<at::Tensor>& b) {
+  const auto devices = devices_of(a, b);
+  if (devices.empty()) return nullptr;
+  // The transport reads and writes host views of the buffers on its own
+  // threads, and our own preparation (scaled or widened scratch copies) reads
+  // them now: the kernels queued on the current streams (the producers of the
+  // inputs, earlier readers of the outputs) run first. A failed queued kernel
+  // raises here, before anything moves.
   for (const c10::Device& d : devices) {
     at::neuron::rt_call([&] { neuronrt::current_stream(d.index()).synchronize(); });
   }
+  return neuronrt::host_access();
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(std::shared_ptr<void> access, OpType type,
+                                                    std::chrono::milliseconds opTimeout,
+                                                    std::vector<at::Tensor> outputs,
+                                                    const std::function<c10::intrusive_ptr<Work>()>& run,
+                                                    std::function<void()> after) {
+  auto work = makeWork(type, opTimeout, std::move(outputs));
   c10::intrusive_ptr<Work> transport = run();
-  track(work, std::move(transport), std::move(after));
+  track(work, std::move(transport), std::move(after), std::move(access));
   return work;
 }
 
@@ -693,7 +702,7 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
 }
 
 void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
-                               std::function<void()> after) {
+                               std::function<void()> after, std::shared_ptr<void> access) {
   work->transport_ = transport;
   watch(work);
   // Collective works carry a future; complete ours from its callback (no
@@ -704,14 +713,16 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
   } catch (const c10::Error&) {
   }
   if (fut) {
-    fut->addCallback([work, after = std::move(after)](c10::ivalue::Future& f) {
+    // The callback (and with it the host access) lives until the transport's
+    // future completes, also when our work completed early (a timeout).
+    fut->addCallback([work, after = std::move(after), access = std::move(access)](c10::ivalue::Future& f) {
       work->complete(f.hasError() ? f.exception_ptr() : nullptr, after);
     });
     return;
   }
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->items.push_back({work, std::move(transport), std::move(after)});
+    queue_->items.push_back({work, std::move(transport), std::move(after), std::move(access)});
     if (!completionThread_.joinable()) completionThread_ = std::thread(&ProcessGroupNeuron::completionLoop, queue_);
   }
   queue_->cv.notify_one();
@@ -731,8 +742,12 @@ void ProcessGroupNeuron::watch(const c10::intrusive_ptr<WorkNeuron>& work) {
 
 void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) {
   c10::setThreadName("pt_neuron_comm");
+  // Works that timed out: the transport may still touch their buffers, so
+  // their host access lives until it is done.
+  std::vector<Waiting> lingering;
   while (true) {
     Waiting item;
+    std::erase_if(lingering, [](const Waiting& w) { return w.transport->isCompleted(); });
     {
       std::unique_lock<std::mutex> lock(queue->mutex);
       queue->cv.wait(lock, [&] { return queue->stop || !queue->items.empty(); });
@@ -748,6 +763,7 @@ void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) 
       error = std::current_exception();
     }
     item.work->complete(error, item.after);
+    if (error && item.access) lingering.push_back(std::move(item));
     std::lock_guard<std::mutex> lock(queue->mutex);
     queue->busy = false;
   }
@@ -890,8 +906,9 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
 c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
                                                        const BroadcastOptions& opts) {
   agree(OpType::BROADCAST, opts.timeout, tensors);
+  auto access = expose(tensors);
   auto host = to_host(tensors);
-  return launch(OpType::BROADCAST, opts.timeout, tensors, [&] { return gloo_->broadcast(host, opts); });
+  return launch(std::move(access), OpType::BROADCAST, opts.timeout, tensors, [&] { return gloo_->broadcast(host, opts); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
@@ -909,11 +926,12 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& 
                      });
   }
   agree(OpType::ALLREDUCE, opts.timeout, tensors);
+  auto access = expose(tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   AllreduceOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  return launch(OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(in, o); },
+  return launch(std::move(access), OpType::ALLREDUCE, opts.timeout, tensors, [&] { return gloo_->allreduce(in, o); },
                 copy_back(host, in));
 }
 
@@ -921,17 +939,19 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at:
                                                                  const AllreduceCoalescedOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "all_reduce_coalesced");
   agree(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors);
+  auto access = expose(tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   AllreduceCoalescedOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  return launch(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors,
+  return launch(std::move(access), OpType::ALLREDUCE_COALESCED, opts.timeout, tensors,
                 [&] { return gloo_->allreduce_coalesced(in, o); }, copy_back(host, in));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
   check_reduction(tensors, opts.reduceOp, "reduce");
   agree(OpType::REDUCE, opts.timeout, tensors);
+  auto access = expose(tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
   ReduceOptions o = opts;
@@ -939,7 +959,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& ten
   // Only the root receives the result; other ranks keep their input.
   const bool root = opts.rootRank == rank_;
   auto after = root ? copy_back(host, in) : std::function<void()>([in] {});
-  return launch(OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(in, o); }, std::move(after));
+  return launch(std::move(access), OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(in, o); }, std::move(after));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -970,9 +990,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
                      });
   }
   agree(OpType::ALLGATHER, opts.timeout, inputs);
+  auto access = expose(flatten(outputs), inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
-  return launch(OpType::ALLGATHER, opts.timeout, flatten(outputs),
+  return launch(std::move(access), OpType::ALLGATHER, opts.timeout, flatten(outputs),
                 [&] { return gloo_->allgather(hostOut, hostIn, opts); });
 }
 
@@ -993,6 +1014,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output,
                      });
   }
   agree(OpType::_ALLGATHER_BASE, opts.timeout, {input});
+  auto access = expose({output}, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
   // The output is any contiguous tensor of world x input elements (as NCCL
@@ -1002,7 +1024,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output,
     hostOut = hostOut.view({-1});
     hostIn = hostIn.view({-1});
   }
-  return launch(OpType::_ALLGATHER_BASE, opts.timeout, {output},
+  return launch(std::move(access), OpType::_ALLGATHER_BASE, opts.timeout, {output},
                 [&] { return gloo_->_allgather_base(hostOut, hostIn, opts); });
 }
 
@@ -1010,9 +1032,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const AllgatherOptions& opts) {
   agree(OpType::ALLGATHER_COALESCED, opts.timeout, inputs);
+  auto access = expose(flatten(outputs), inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
-  return launch(OpType::ALLGATHER_COALESCED, opts.timeout, flatten(outputs),
+  return launch(std::move(access), OpType::ALLGATHER_COALESCED, opts.timeout, flatten(outputs),
                 [&] { return gloo_->allgather_coalesced(hostOut, hostIn, opts); });
 }
 
@@ -1020,18 +1043,20 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const AllgatherOptions& opts) {
   agree(OpType::COALESCED, opts.timeout, inputs);
+  auto access = expose(outputs, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
-  return launch(OpType::COALESCED, opts.timeout, outputs,
+  return launch(std::move(access), OpType::COALESCED, opts.timeout, outputs,
                 [&] { return gloo_->allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs, const GatherOptions& opts) {
   agree(OpType::GATHER, opts.timeout, inputs);
+  auto access = expose(flatten(outputs), inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
-  return launch(OpType::GATHER, opts.timeout, flatten(outputs),
+  return launch(std::move(access), OpType::GATHER, opts.timeout, flatten(outputs),
                 [&] { return gloo_->gather(hostOut, hostIn, opts); });
 }
 
@@ -1039,9 +1064,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& ou
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const ScatterOptions& opts) {
   agree(OpType::SCATTER, opts.timeout, outputs);
+  auto access = expose(outputs, flatten(inputs));
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
-  return launch(OpType::SCATTER, opts.timeout, outputs, [&] { return gloo_->scatter(hostOut, hostIn, opts); });
+  return launch(std::move(access), OpType::SCATTER, opts.timeout, outputs, [&] { return gloo_->scatter(hostOut, hostIn, opts); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -1073,6 +1099,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                      });
   }
   agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
+  auto access = expose(outputs, flatten(inputs));
   // The list form runs as the flat form over one contiguous scratch input
   // (scaled or widened as needed) and a scratch output copied back.
   std::vector<at::Tensor> flat;
@@ -1082,7 +1109,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
   at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
   ReduceScatterOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  return launch(
+  return launch(std::move(access), 
       OpType::REDUCE_SCATTER, opts.timeout, outputs, [&] { return gloo_->_reduce_scatter_base(out, in, o); },
       [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); });
 }
@@ -1106,12 +1133,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& ou
                      });
   }
   agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
+  auto access = expose({output}, {input});
   at::Tensor hostOut = host_view(output);
   at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
   at::Tensor out = in.scalar_type() == hostOut.scalar_type() ? hostOut : hostOut.to(in.scalar_type());
   ReduceScatterOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  return launch(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output},
+  return launch(std::move(access), OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output},
                 [&] { return gloo_->_reduce_scatter_base(out, in, o); }, copy_back({hostOut, in}, {out, in}));
 }
 
@@ -1120,6 +1148,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std
                                                                              const ReduceScatterOptions& opts) {
   check_reduction(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
   agree(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, inputs);
+  auto access = expose(outputs, inputs);
   auto hostOut = host_view(outputs);
   auto in = reduction_input(host_view(inputs), opts.reduceOp);
   std::vector<at::Tensor> out;
@@ -1131,7 +1160,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std
   auto after = copy_back(hostOut, out);
   ReduceScatterOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  return launch(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, outputs,
+  return launch(std::move(access), OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, outputs,
                 [&] { return gloo_->reduce_scatter_tensor_coalesced(out, in, o); },
                 [after, keep]() { after(); });
 }
@@ -1148,9 +1177,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, a
     return out;
   };
   agree(OpType::ALLTOALL_BASE, opts.timeout, {input}, elements(input, inputSplits), elements(output, outputSplits));
+  auto access = expose({output}, {input});
   auto hostOut = to_host(output);
   auto hostIn = to_host(input);
-  return launch(OpType::ALLTOALL_BASE, opts.timeout, {output},
+  return launch(std::move(access), OpType::ALLTOALL_BASE, opts.timeout, {output},
                 [&] { return gloo_->alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
 }
 
@@ -1165,6 +1195,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
     for (const auto& t : outputs) out.push_back(t.numel());
     agree(OpType::ALLTOALL, opts.timeout, {inputs.at(0)}, in, out);
   }
+  auto access = expose(outputs, inputs);
   // The list form runs as the flat form over one contiguous buffer each way.
   std::vector<at::Tensor> flatIn;
   std::vector<int64_t> inSplits, outSplits;
@@ -1183,7 +1214,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
   at::Tensor in = at::cat(flatIn);
   at::Tensor out = at::empty({total}, hostOuts[0].options());
   return launch(
-      OpType::ALLTOALL, opts.timeout, outputs,
+      std::move(access), OpType::ALLTOALL, opts.timeout, outputs,
       [&] { return gloo_->alltoall_base(out, in, outSplits, inSplits, opts); },
       [hostOuts, out, outSplits, in]() mutable {
         int64_t offset = 0;
@@ -1238,10 +1269,11 @@ std::string p2p_describe(const int64_t* p) {
 }  // namespace
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  auto access = expose(tensors);
   auto host = to_host(tensors);
   if (!checkAgreement_ || tensors.size() != 1) {
     // Gloo sends straight from the buffer: keep the aliases alive until done.
-    return launch(OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
+    return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
                   [host]() {});
   }
   std::vector<at::Tensor> header{p2p_header(tensors[0], rank_)};
@@ -1249,12 +1281,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tenso
   const auto timeout = effectiveTimeout(kUnsetTimeout);
   // The header left before the message (same pair, FIFO): its work is done
   // by the time the message's is, and this is its only waiter.
-  return launch(OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
+  return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors, [&] { return gloo_->send(host, dstRank, tag); },
                 [host, header, headerWork, timeout]() { headerWork->wait(timeout); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::recvChecked(std::vector<at::Tensor>& tensors, int srcRank, int tag,
                                                          OpType type) {
+  auto access = expose(tensors);
   auto host = to_host(tensors);
   std::vector<at::Tensor> header{at::empty({kP2PHeaderWords}, at::kLong)};
   const at::Tensor expected = p2p_header(tensors[0], rank_);
@@ -1279,7 +1312,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::recvChecked(std::vector<at::Tensor>
                                " receives into ", p2p_describe(want), " (tag ", tag, ")"));
     }
   };
-  return launch(type, kUnsetTimeout, tensors,
+  return launch(std::move(access), type, kUnsetTimeout, tensors,
                 [&] {
                   *message = srcRank < 0 ? gloo_->recvAnysource(host, tag) : gloo_->recv(host, srcRank, tag);
                   return *message;
@@ -1289,16 +1322,18 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::recvChecked(std::vector<at::Tensor>
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   if (checkAgreement_ && tensors.size() == 1) return recvChecked(tensors, srcRank, tag, OpType::RECV);
+  auto access = expose(tensors);
   auto host = to_host(tensors);
-  return launch(OpType::RECV, kUnsetTimeout, tensors, [&] { return gloo_->recv(host, srcRank, tag); },
+  return launch(std::move(access), OpType::RECV, kUnsetTimeout, tensors, [&] { return gloo_->recv(host, srcRank, tag); },
                 [host]() {});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   // The header names the sender; sourceRank() reads it from the header's work.
   if (checkAgreement_ && tensors.size() == 1) return recvChecked(tensors, -1, tag, OpType::RECVANYSOURCE);
+  auto access = expose(tensors);
   auto host = to_host(tensors);
-  return launch(OpType::RECVANYSOURCE, kUnsetTimeout, tensors, [&] { return gloo_->recvAnysource(host, tag); },
+  return launch(std::move(access), OpType::RECVANYSOURCE, kUnsetTimeout, tensors, [&] { return gloo_->recvAnysource(host, tag); },
                 [host]() {});
 }
 
@@ -1308,7 +1343,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::barrier(const BarrierOptions& opts)
   if (opts.device && opts.device->is_privateuseone()) {
     at::neuron::rt_call([&] { neuronrt::current_stream(opts.device->index()).synchronize(); });
   }
-  return launch(OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
+  return launch(nullptr, OpType::BARRIER, opts.timeout, {}, [&] { return gloo_->barrier(opts); });
 }
 
 }  // namespace c10d

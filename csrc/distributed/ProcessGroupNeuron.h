@@ -165,8 +165,13 @@ class TORCH_API ProcessGroupNeuron : public Backend {
 
  private:
   // Starts `run` on Gloo and returns the work that completes with `outputs`.
-  c10::intrusive_ptr<Work> launch(OpType type, std::chrono::milliseconds opTimeout, std::vector<at::Tensor> outputs,
-                                  const std::function<c10::intrusive_ptr<Work>()>& run,
+  // Synchronizes the tensors' current streams and returns the host access
+  // (neuronrt::host_access) the transport works under; null for CPU tensors.
+  std::shared_ptr<void> expose(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {});
+  // Runs `run` (issues the Gloo work on host views) and tracks it; `access`
+  // is held until the transport is done with the buffers.
+  c10::intrusive_ptr<Work> launch(std::shared_ptr<void> access, OpType type, std::chrono::milliseconds opTimeout,
+                                  std::vector<at::Tensor> outputs, const std::function<c10::intrusive_ptr<Work>()>& run,
                                   std::function<void()> after = {});
   // Before a collective, the ranks compare what they pass (op, dtype, sizes;
   // all_to_all splits pairwise) over one small allgather, and all raise the
@@ -183,7 +188,7 @@ class TORCH_API ProcessGroupNeuron : public Backend {
                                       const std::vector<int64_t>& outSplits = {}) const;
   std::string disagreement(const std::vector<int64_t>& mine, const int64_t* all) const;
   void track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
-             std::function<void()> after);
+             std::function<void()> after, std::shared_ptr<void> access);
   c10::intrusive_ptr<WorkNeuron> makeWork(OpType type, std::chrono::milliseconds opTimeout,
                                           std::vector<at::Tensor> outputs);
   void watch(const c10::intrusive_ptr<WorkNeuron>& work);
@@ -244,6 +249,7 @@ class TORCH_API ProcessGroupNeuron : public Backend {
     c10::intrusive_ptr<WorkNeuron> work;
     c10::intrusive_ptr<Work> transport;
     std::function<void()> after;
+    std::shared_ptr<void> access;  // see expose()
   };
   struct CompletionQueue {
     std::mutex mutex;

@@ -9,6 +9,8 @@ namespace neuronrt {
 
 bool host_accessible() noexcept { return true; }
 
+std::shared_ptr<void> host_access() { return std::make_shared<DeviceAccess>(); }
+
 namespace {
 // Before an allocation fails: queued kernels hold the tensors they use, so let
 // them run and free those that have. (The allocation may come from inside a

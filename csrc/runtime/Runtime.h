@@ -25,6 +25,12 @@ namespace neuronrt {
 // True for the host runtime; false for hardware whose HBM the host cannot map.
 bool host_accessible() noexcept;
 
+// Keeps device memory host-accessible while the returned token lives, as a
+// launch does in protect mode: for a transport outside the runtime that moves
+// host views of device memory on its own threads (Gloo in the c10d backend).
+// Only meaningful where host_accessible().
+std::shared_ptr<void> host_access();
+
 // ---- Memory -----------------------------------------------------------------
 
 // Allocates `bytes` of `device` memory (nullptr for 0). Throws
