@@ -314,6 +314,12 @@ std::exception_ptr ProcessGroupNeuron::WorkNeuron::wrap(std::exception_ptr error
       c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, describe_ + " " + what + msg));
 }
 
+void ProcessGroupNeuron::WorkNeuron::release_resources() {
+  outputs_.clear();
+  future_.reset();
+  transport_.reset();
+}
+
 void ProcessGroupNeuron::WorkNeuron::complete(std::exception_ptr error, const std::function<void()>& after) {
   if (claimed_.exchange(true)) return;
   if (!error && after) {

@@ -86,6 +86,9 @@ class TORCH_API ProcessGroupNeuron : public Backend {
     // the first completion wins (abort may race with Gloo).
     void complete(std::exception_ptr error, const std::function<void()>& after);
     const std::string& describe() const { return describe_; }
+    // The group's watchdog list keeps weak references to works, which keep a
+    // work's memory until they go; its tensors must not wait that long.
+    void release_resources() override;
 
    private:
     friend class ProcessGroupNeuron;

@@ -457,5 +457,32 @@ class TestNeuronCollectives(NeuronDistTestCase):
         dist.destroy_process_group()
 
 
+def test_collectives_release_their_tensors():
+    # A work the caller dropped gives back its tensors: the group's watchdog
+    # list holds weak references to works, and those kept each work's tensors
+    # (up to 64 works' worth of device memory) until the group was destroyed.
+    from conftest import run_json
+
+    out = run_json("""
+        import gc, json, tempfile, torch, torch.distributed as dist
+        dist.init_process_group("neuron", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+        torch.neuron.synchronize()
+        base = torch.neuron.memory_allocated()
+        for i in range(4):
+            t = torch.ones(1 << 18, device="neuron")
+            dist.all_reduce(t)
+            dist.broadcast(t, 0)
+            out = torch.empty(1 << 18, device="neuron")
+            dist.all_gather_into_tensor(out, t)
+            dist.all_reduce(t, async_op=True).wait()
+            del t, out
+        gc.collect()
+        torch.neuron.synchronize()
+        print(json.dumps(torch.neuron.memory_allocated() - base))
+        dist.destroy_process_group()
+    """)
+    assert out == 0
+
+
 if __name__ == "__main__":
     run_tests()
