@@ -245,6 +245,10 @@ def register() -> None:
     # kernels; it skips "cpu" nodes, not other C++-generated devices. The
     # flag only affects GPU devices otherwise (CPU nodes are skipped).
     config.loop_reindexing_after_fusion = False
+    # FlexAttention's HOPs (torch_neuronx/_inductor_flex.py).
+    from ._inductor_flex import register as register_flex_attention
+
+    register_flex_attention()
 
 
 # What Inductor's init_backend_registration reads from ``torch.neuron`` (its
