@@ -22,8 +22,10 @@ any other device, which hands the op back to Inductor unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import unittest.mock
 
 import sympy
 import torch
@@ -32,42 +34,46 @@ from torch._inductor import ir
 from torch._inductor.virtualized import V
 
 
+def _is_neuron_device(device) -> bool:
+    return device is not None and torch.device(device).type == "neuron"
+
+
 def _is_neuron(node) -> bool:
-    device = node.get_device()
-    return device is not None and device.type == "neuron"
+    return _is_neuron_device(node.get_device())
 
 
-def _buffer_inputs(buffers, what: str):
-    """Splits captured score_mod/mask_mod buffers into IR tensors (traced
-    inputs) and plain ints (passed through)."""
-    for b in buffers:
-        if isinstance(b, sympy.Expr) and not b.is_Integer:
-            raise NotImplementedError(
-                f"flex_attention on neuron: a {what} captures a symbolic int ({b}); "
-                "capture it as a tensor instead")
-    return [b if isinstance(b, ir.IRNode) else int(b) for b in buffers]
+def _is_traced(value) -> bool:
+    # Captured tensors and symbolic ints (e.g. a padding mask's length) are
+    # inputs of the traced math; plain ints are constants.
+    return isinstance(value, ir.IRNode) or (isinstance(value, sympy.Expr) and not value.is_Integer)
 
 
-def _inline_math(name: str, impl, tensor_inputs: list):
-    """Traces ``impl(*fake_tensor_inputs)`` with Inductor's decompositions and
-    lowers the result as IR nodes of the current graph."""
+def _captured(buffers) -> list:
+    return [b if _is_traced(b) else int(b) if isinstance(b, sympy.Expr) else b for b in buffers]
+
+
+def _inline_math(name: str, impl, inputs: list):
+    """Traces ``impl(*inputs)`` (IR nodes and symbolic ints, as fake values)
+    with Inductor's decompositions and lowers the result as IR nodes of the
+    current graph."""
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.lowering import validate_ir
+    from torch._inductor.utils import convert_to_symint
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with V.fake_mode:
-        fake_inputs = [ir.ir_node_to_tensor(x) for x in tensor_inputs]
+        fake_inputs = [ir.ir_node_to_tensor(x) if isinstance(x, ir.IRNode) else convert_to_symint(x) for x in inputs]
         gm = make_fx(impl, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*fake_inputs)
-    result = inline_subgraph_to_ir_nodes(gm, tensor_inputs, name)
+    result = inline_subgraph_to_ir_nodes(gm, inputs, name)
     validate_ir(result)
     return result
 
 
-def _with_tensors(values, tensors):
-    """``values`` with its IR nodes replaced, in order, by ``tensors``."""
-    it = iter(tensors)
-    return tuple(next(it) if isinstance(v, ir.IRNode) else v for v in values)
+def _substitute(values, traced):
+    """``values`` with its traced entries replaced, in order, by ``traced``."""
+    it = iter(traced)
+    return tuple(next(it) if _is_traced(v) else v for v in values)
 
 
 def _batchable(subgraph: ir.Subgraph) -> torch.fx.GraphModule:
@@ -94,6 +100,24 @@ def _mask_only(block_mask):
     return (None,) * (len(block_mask) - 1) + (_batchable(block_mask[-1]),)
 
 
+@contextlib.contextmanager
+def _templates_render_on_host():
+    """The C++ template renders its kernel once while lowering (to offer it
+    as a choice) with the graph's current device set to the output's device.
+    C++ codegen keys its semantics (dtype propagation, bounds checks) off
+    that device being the host, so for neuron outputs the render runs with
+    the host current, as NeuronScheduling does when it generates the kernel."""
+    from ._inductor import _host_codegen
+
+    set_current_device = V.graph.set_current_device
+
+    def render_device(device):
+        return _host_codegen() if _is_neuron_device(device) else set_current_device(device)
+
+    with unittest.mock.patch.object(V.graph, "set_current_device", render_device):
+        yield
+
+
 def _uses_cpp_template(query, key, value, kernel_options) -> bool:
     from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
 
@@ -110,19 +134,19 @@ def flex_attention(query, key, value, subgraph, block_mask, scale, kernel_option
     if _uses_cpp_template(query, key, value, kernel_options):
         from torch._inductor.kernel.flex.flex_cpu import lower_cpu
 
-        return lower_cpu(query, key, value, subgraph, block_mask, scale, kernel_options, score_mod_other_buffers,
-                         mask_mod_other_buffers)
+        with _templates_render_on_host():
+            return lower_cpu(query, key, value, subgraph, block_mask, scale, kernel_options,
+                             score_mod_other_buffers, mask_mod_other_buffers)
 
-    score_others = _buffer_inputs(score_mod_other_buffers, "score_mod")
-    mask_others = _buffer_inputs(mask_mod_other_buffers, "mask_mod")
-    inputs = [query, key, value] + [b for b in score_others + mask_others if isinstance(b, ir.IRNode)]
+    score_others, mask_others = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
+    inputs = [query, key, value] + [b for b in score_others + mask_others if _is_traced(b)]
     score_mod, mask = _batchable(subgraph), _mask_only(block_mask)
-    n_score = sum(isinstance(b, ir.IRNode) for b in score_others)
+    n_score = sum(_is_traced(b) for b in score_others)
 
     def math(q, k, v, *buffers):
         return sdpa_dense(q, k, v, score_mod, mask, scale, kernel_options,
-                          _with_tensors(score_others, buffers[:n_score]),
-                          _with_tensors(mask_others, buffers[n_score:]))
+                          _substitute(score_others, buffers[:n_score]),
+                          _substitute(mask_others, buffers[n_score:]))
 
     return _inline_math("flex_attention_math", math, inputs)
 
@@ -131,21 +155,20 @@ def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_lo
                             block_mask, scale, kernel_options, score_mod_other_buffers, mask_mod_other_buffers):
     if not _is_neuron(query):
         return None
-    score_others = _buffer_inputs(score_mod_other_buffers, "score_mod")
-    mask_others = _buffer_inputs(mask_mod_other_buffers, "mask_mod")
+    score_others, mask_others = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
     optional = [grad_out, grad_logsumexp]
     inputs = ([query, key, value, out, logsumexp] + [g for g in optional if g is not None]
-              + [b for b in score_others + mask_others if isinstance(b, ir.IRNode)])
+              + [b for b in score_others + mask_others if _is_traced(b)])
     fw, joint, mask = _batchable(fw_graph), _batchable(joint_graph), _mask_only(block_mask)
     n_optional = sum(g is not None for g in optional)
-    n_score = sum(isinstance(b, ir.IRNode) for b in score_others)
+    n_score = sum(_is_traced(b) for b in score_others)
 
     def math(q, k, v, o, lse, *rest):
         grads, buffers = iter(rest[:n_optional]), rest[n_optional:]
         d_out, d_lse = (next(grads) if g is not None else None for g in optional)
         return sdpa_dense_backward(q, k, v, o, lse, d_out, d_lse, fw, joint, mask, scale, kernel_options,
-                                   _with_tensors(score_others, buffers[:n_score]),
-                                   _with_tensors(mask_others, buffers[n_score:]))
+                                   _substitute(score_others, buffers[:n_score]),
+                                   _substitute(mask_others, buffers[n_score:]))
 
     return _inline_math("flex_attention_backward_math", math, inputs)
 
