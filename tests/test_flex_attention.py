@@ -95,7 +95,7 @@ def test_eager_forward_backward():
     _check_forward_backward(flex_attention, torch.float32)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("backend", ["inductor", "neuron"])
 def test_compiled_forward_backward(backend, dtype):
     torch._dynamo.reset()
