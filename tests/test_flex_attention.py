@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-from conftest import assert_same, run_python
+from conftest import assert_same, run_python, run_python_timeout
 
 B, HQ, HKV, L, D = 2, 4, 2, 40, 16
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
@@ -172,6 +172,27 @@ def test_compiled_protect_mode():
         print("ok")
         """, env={"NEURON_RT_PROTECT": "1"})
     assert proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+
+
+def test_compiled_bf16_backward_compiles_promptly():
+    """A bf16 score_mod's joint graph converts dtypes with
+    prims.convert_element_type, which has no vmap batching rule: the math
+    lowering must not vmap it as is (functorch would trace it once per score
+    element, over ten minutes for this 40x40 case instead of seconds).
+    Fresh process and caches so the lowering really runs."""
+    proc = run_python_timeout("""
+        import torch, torch_neuronx
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.bfloat16, device="neuron", requires_grad=True)
+                   for _ in range(3))
+        softcap = lambda score, b, h, q_idx, kv_idx: 8 * torch.tanh(score / 8)
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, 1, None, 40, 40, device="neuron")
+        out = torch.compile(flex_attention, fullgraph=True)(q, k, v, score_mod=softcap, block_mask=block_mask)
+        out.float().sum().backward()
+        print("ok", q.grad.shape == q.shape)
+        """, timeout=240, env={"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
+    assert proc is not None, "compiling the bf16 flex_attention backward did not finish in 240 s"
+    assert proc.stdout.strip().endswith("ok True"), proc.stdout + proc.stderr
 
 
 def _tiny_llama(transformers):

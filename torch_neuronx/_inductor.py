@@ -214,16 +214,18 @@ def launched(call, device_index: int, name: str):
 
 
 class _CodegenVersion(CustomGraphModulePass):
-    """Keys Inductor's caches (FX graph, AOTAutograd) on this file: the code
-    generated for neuron graphs depends on it. Registered as neuron's
-    post-grad pass; it changes nothing in the graph."""
+    """Keys Inductor's caches (FX graph, AOTAutograd) on this file and on
+    _inductor_flex.py: the code generated for neuron graphs depends on them.
+    Registered as neuron's post-grad pass; it changes nothing in the graph."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         pass
 
     @functools.cache
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
+        from . import _inductor_flex
+
+        return get_hash_for_files((__file__, _inductor_flex.__file__))
 
 
 @functools.cache
