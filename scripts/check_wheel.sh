@@ -23,6 +23,10 @@ venv = sys.argv[1]
 for mod in (torch_neuronx, torch_neuronx.neuron, torch_neuronx._C, nki):
     assert mod.__file__.startswith(venv), f"imported {mod.__file__}, not the wheel in {venv}"
 assert torch.neuron is torch_neuronx.neuron
+# AOTInductor precompiles the neuron device header from the installed package.
+from torch_neuronx._inductor import _AOTI_INCLUDE
+import os
+assert os.path.isfile(os.path.join(_AOTI_INCLUDE, "torch/csrc/inductor/aoti_include/neuron.h")), _AOTI_INCLUDE
 x = torch.arange(6, dtype=torch.float32)
 y = (x.to("neuron") * 2 + 1).sum()
 assert y.device.type == "neuron" and y.item() == ((x * 2 + 1).sum()).item()

@@ -29,6 +29,62 @@ def test_launch_returns_before_the_kernel_ran():
     assert_same(out, _long_work(a.cpu()), rtol=1e-4, atol=1e-5)
 
 
+def test_compiled_kernels_are_queued():
+    # A compiled graph's C++ kernels are queued like eager ops: the call
+    # returns while the stream still works on what came before it.
+    fn = torch.compile(lambda t: (t.cos() * 2).sum(-1))
+    x = torch.randn(64, 64)
+    xd = x.to("neuron")
+    fn(xd)  # compiled before the stream gets busy
+    a = torch.randn(768, 768, device="neuron") / 768
+    torch.neuron.synchronize()
+    stream = torch.neuron.current_stream()
+    busy = _long_work(a)
+    out = fn(xd)
+    assert not stream.query()
+    assert_same(out, (x.cos() * 2).sum(-1), rtol=1e-5, atol=1e-5)
+    assert_same(busy, _long_work(a.cpu()), rtol=1e-4, atol=1e-5)
+
+
+def test_small_kernels_on_an_idle_stream_run_at_once_and_report_errors_later():
+    # A handoff to the executor costs more than a 16-element kernel, so an idle
+    # stream runs it on the caller; errors still wait for a sync point.
+    x = torch.randn(16, device="neuron")
+    torch.neuron.synchronize()
+    stream = torch.neuron.current_stream()
+    y = x * 2
+    assert stream.query()
+    assert_same(y, x.cpu() * 2)
+    bad = torch.tensor([0, 99], device="neuron")
+    torch.index_select(x, 0, bad)  # runs now; its error is kept
+    with pytest.raises(torch.AcceleratorError, match="index_select"):
+        torch.neuron.synchronize()
+
+
+def test_a_decode_step_is_queued():
+    # Every op of a Llama decode step is queued but one (arange, a factory):
+    # an op outside the queue table makes the caller wait for the stream, and
+    # Python overhead no longer overlaps with the kernels.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from torch_neuronx import _C
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (1, 6))
+    with torch.no_grad():
+        want = model(ids).logits[:, -1]
+        model.to("neuron")
+        out = model(ids[:, :-1].to("neuron"), use_cache=True)
+        before = _C._launch_counts(0)
+        got = model(ids[:, -1:].to("neuron"), past_key_values=out.past_key_values, use_cache=True).logits[:, -1]
+        issued, synchronous = (b - a for a, b in zip(before, _C._launch_counts(0)))
+    assert issued > 50 and synchronous <= 2, (issued, synchronous)  # arange, the H2D copy of the token
+    assert_same(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_queued_ops_match_cpu():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 7, generator=g)

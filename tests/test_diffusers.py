@@ -131,6 +131,28 @@ def test_compiled_denoiser_all(name, backend):
     _check_compiled(name, backend)
 
 
+@slow
+def test_flux_transformer_aoti_matches_cpu(tmp_path):
+    # torch.export + AOTInductor of a FLUX transformer on neuron (issue 11 §1):
+    # the package runs through the neuron AOTI model runner, equal to eager CPU.
+    cpu = flux_transformer().eval()
+    dev = flux_transformer().eval().to("neuron")
+    torch.manual_seed(0)
+    seq, txt = 16, 8
+    img_ids = torch.stack([torch.zeros(seq), torch.arange(seq) // 4, torch.arange(seq) % 4], dim=-1)
+    inputs = dict(hidden_states=torch.randn(1, seq, 4), encoder_hidden_states=torch.randn(1, txt, 32),
+                  pooled_projections=torch.randn(1, 32), timestep=torch.tensor([0.5]), img_ids=img_ids,
+                  txt_ids=torch.zeros(txt, 3))
+    on_dev = {k: v.to("neuron") for k, v in inputs.items()}
+    ep = torch.export.export(dev, (), {**on_dev, "return_dict": False})
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "flux.pt2"))
+    model = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        want = cpu(**inputs, return_dict=False)[0]
+    got = model(**on_dev, return_dict=False)[0]
+    assert_same(got, want, **FP32)
+
+
 # ---- memory: CPU offload onto neuron --------------------------------------------------------------------
 
 

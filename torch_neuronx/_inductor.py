@@ -6,10 +6,13 @@ route into Inductor -- default ``torch.compile``, ``backend="neuron"``, any
 ``compile_fx`` caller, ``cpp_wrapper=True`` -- lowers neuron graphs the same
 way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
 fused kernels are Inductor's C++ (CppScheduling) code over the device memory,
-which the host runtime can map (``host_accessible``). Each C++ kernel runs as
-one runtime launch on the current neuron stream, so it touches device memory
-only inside a launch (``NEURON_RT_PROTECT=1``). AOTInductor is not supported
-yet (docs/compile.md).
+which the host runtime can map (``host_accessible``). Each C++ kernel is
+queued as one runtime launch on the current neuron stream
+(_inductor_kernels.py), so it touches device memory only inside a launch
+(``NEURON_RT_PROTECT=1``) and the wrapper runs ahead of the kernels.
+AOTInductor packages the same C++ wrapper; the neuron AOTI model runner
+(csrc/python/AotiRunner.cpp) runs a loaded package as one launch per call
+(docs/compile.md).
 
 Inductor chooses C++-kernel semantics (dtype propagation, vector codegen) by
 the *current device* being ``cpu``, and treats every other device as a Triton
@@ -21,9 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
 from textwrap import dedent
 
 import torch
+from torch._inductor import ir
 from torch._inductor.codegen.common import DeviceOpOverrides, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -32,6 +38,8 @@ from torch._inductor.codegen.wrapper import SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.virtualized import V
+
+from . import _inductor_kernels
 
 _HOST = torch.device("cpu")
 
@@ -102,18 +110,10 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
-def launch_kernel(device_index: int, name: str, kernel, *args) -> None:
-    """Runs a compiled C++ kernel as one launch on the current stream of
-    ``neuron:device_index`` (called by the generated Python wrapper)."""
-    from . import _C
-
-    _C._launch(device_index, functools.partial(kernel, *args), name)
-
-
-def _launch_line(kernel_name: str, call_args, device) -> str:
-    index = device.index if device.index is not None else torch.neuron.current_device()
-    args = "".join(f", {a}" for a in call_args)
-    return f"neuron_launch_kernel({index}, {kernel_name!r}, {kernel_name}{args})"
+def _launch_line(kernel_name: str, call_args) -> str:
+    # The kernel's binding queues it on the current stream of its tensors'
+    # device (_inductor_kernels.py); the name labels the launch.
+    return f"{kernel_name}({''.join(f'{a}, ' for a in call_args)}{kernel_name!r})"
 
 
 class _NeuronKernelCalls:
@@ -125,7 +125,7 @@ class _NeuronKernelCalls:
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         if not triton and _is_neuron(device):
-            self.writeline(_launch_line(kernel_name, call_args, device))
+            self.writeline(_launch_line(kernel_name, call_args))
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
@@ -139,7 +139,9 @@ class NeuronPythonWrapperCodegen(_NeuronKernelCalls, _PythonWrapperCodegen):
 
     def write_header(self) -> None:
         super().write_header()
-        self.imports.writeline("from torch_neuronx._inductor import launch_kernel as neuron_launch_kernel")
+        # C++ kernels get bindings that launch them asynchronously.
+        self.imports.writeline("from torch_neuronx._inductor_kernels import NeuronAsyncCompile")
+        self.header.writeline("async_compile = NeuronAsyncCompile()")
 
 
 class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapperCodegen):
@@ -147,23 +149,96 @@ class NeuronSubgraphPythonWrapperCodegen(_NeuronKernelCalls, SubgraphPythonWrapp
     pass
 
 
-class NeuronCppWrapperCodegen(CppWrapperCpu):
-    """``cpp_wrapper=True``: the graph's C++ wrapper runs as one launch on the
-    current neuron stream. Inside it, aten fallbacks use the CPU C shims
-    (``aoti_torch_cpu_*``: host kernels over the host-mappable device memory,
-    as the fused kernels are) and buffers are allocated on neuron.
+# torch_neuronx/include: AOTInductor's header for the neuron device
+# (torch/csrc/inductor/aoti_include/neuron.h).
+_AOTI_INCLUDE = os.path.join(os.path.dirname(__file__), "include")
+_AOTI_HEADER = os.path.join(_AOTI_INCLUDE, "torch", "csrc", "inductor", "aoti_include", "neuron.h")
 
-    AOTInductor is not supported yet: a packaged model runs outside Python,
-    so the launch would have to come from a neuron AOTI model runner
-    (``RegisterAOTIModelRunner``), and AOTI builds per ``GraphLowering.device_type``
-    (``aoti_include/neuron.h`` precompiled header, ``AOTI_DEVICE_KEY``)."""
+
+def _add_aoti_include_dir() -> None:
+    # AOTInductor precompiles `<torch/csrc/inductor/aoti_include/{device}.h>`
+    # with only torch's include directories on the command line, and Inductor
+    # has no setting for more. The compiler's own search path
+    # (CPLUS_INCLUDE_PATH, searched after every -I) lets it find ours without
+    # shadowing any torch header.
+    paths = [p for p in os.environ.get("CPLUS_INCLUDE_PATH", "").split(os.pathsep) if p]
+    if _AOTI_INCLUDE not in paths:
+        os.environ["CPLUS_INCLUDE_PATH"] = os.pathsep.join([*paths, _AOTI_INCLUDE])
+
+
+# Helpers of neuron AOTI models: an input's rank check, and a neuron copy of
+# a host tensor (a constant read by a neuron op).
+_NEURON_AOTI_HELPERS = """
+    static void neuron_check_input_dim(AtenTensorHandle* input_handles, int64_t idx, int64_t expected) {
+        int64_t dim;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(input_handles[idx], &dim));
+        if (dim != expected) {
+            throw std::runtime_error("input_handles[" + std::to_string(idx) + "]: expected a " +
+                                     std::to_string(expected) + "-dimensional tensor, but got " +
+                                     std::to_string(dim) + " dimensions");
+        }
+    }
+
+    static torch::aot_inductor::RAIIAtenTensorHandle neuron_device_copy(AtenTensorHandle host, int32_t device_index) {
+        int64_t dim;
+        int64_t* sizes;
+        int64_t* strides;
+        int32_t dtype;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(host, &dim));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(host, &sizes));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(host, &strides));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(host, &dtype));
+        AtenTensorHandle device;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+            dim, sizes, strides, dtype, aoti_torch_device_type_privateuse1(), device_index, &device));
+        torch::aot_inductor::RAIIAtenTensorHandle result(device);
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_copy_(device, host, 0));
+        return result;
+    }
+    """
+
+
+class NeuronCppWrapperCodegen(CppWrapperCpu):
+    """The C++ wrapper of neuron graphs: ``cpp_wrapper=True`` and AOTInductor.
+
+    The wrapper runs as one launch on the current neuron stream: under
+    ``cpp_wrapper=True`` its Python entry is wrapped in ``C._launch``; an AOTI
+    package (``AOTI_DEVICE_KEY`` "neuron") is run by the neuron AOTI model
+    runner. Inside, buffers are allocated on neuron, ``_out`` aten fallbacks
+    use the CPU C shims (``aoti_torch_cpu_*``: host kernels over the
+    host-mappable device memory, as the fused kernels are), and fallbacks that
+    return new tensors are called through the dispatcher as neuron ops.
+
+    AOTI specifics: the generated model only knows AOTI's own devices and is
+    created as a cpu model, so its constants live in its host memory (CPU
+    tensors) and a neuron fallback reading one gets a device copy; AOTI
+    includes and precompiles ``torch/csrc/inductor/aoti_include/neuron.h``,
+    which torch_neuronx ships (``_AOTI_INCLUDE``)."""
 
     def __init__(self):
         if V.graph.aot_mode:
-            raise NotImplementedError(
-                "AOTInductor (aoti_compile_and_package) is not supported for neuron tensors yet: a packaged model "
-                "needs a neuron AOTI model runner that launches it on the runtime (docs/compile.md)")
+            _add_aoti_include_dir()
         super().__init__()
+        self._constants_on_host = False
+
+    def codegen_model_constructor(self):
+        # AOTI: the model's constants are recorded as cpu constants, which the
+        # container loads into the model's host memory (a cpu model refuses
+        # constants of any other device). The wrapper's device reads "neuron"
+        # meanwhile: Inductor's check that constants are on the model's device
+        # or the host then accepts the neuron ones.
+        self._constants_on_host = True
+        device, self.device = self.device, "neuron"
+        try:
+            super().codegen_model_constructor()
+        finally:
+            self.device = device
+            self._constants_on_host = False
+
+    def codegen_device(self, device):
+        if self._constants_on_host and _is_neuron(device):
+            device = _HOST
+        return super().codegen_device(device)
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
@@ -174,12 +249,70 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
         return CppWrapperCpu.get_device_include_path_jit("cpu" if device == "neuron" else device)
 
     @staticmethod
-    def get_device_include_path_aot(device: str) -> str:
-        return CppWrapperCpu.get_device_include_path_aot("cpu" if device == "neuron" else device)
-
-    @staticmethod
     def get_c_shim_func_name(kernel: str, device: str) -> str:
         return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu" if device == "neuron" else device)
+
+    def generate_fallback_kernel(self, node):
+        # A CPU C shim that returns new tensors allocates them on the host
+        # (at::cpu:: kernels), next to neuron inputs: wrong device, and ops
+        # built on TensorIterator refuse the mix. Aten fallbacks with neuron
+        # outputs therefore call the op through the dispatcher (a neuron op,
+        # run inside the model's launch): the AOTI proxy executor / Inductor's
+        # runtime lookup, as for ops without a C shim.
+        op = node.op_overload
+        if _is_neuron(node.get_device()) and isinstance(op, torch._ops.OpOverload):
+            exported_args = node.export_extern_kernel_node()
+            self.generate_fallback_kernel_with_runtime_lookup(
+                node.get_name(), node.python_kernel_name, lambda: [*node.codegen_args(), *node.codegen_kwargs()], op,
+                exported_args, node.outputs if node.outputs else node.mutation_outputs)
+            return
+        super().generate_fallback_kernel(node)
+
+    def _codegen_entry_impl_prologue(self):
+        super()._codegen_entry_impl_prologue()
+        if V.graph.aot_mode and not V.graph.is_const_graph:
+            # AOTI checks inputs against the exported dtypes, shapes and
+            # strides only under AOTI_RUNTIME_CHECK_INPUTS=1; unchecked, a
+            # wrong shape runs and returns garbage. Neuron models always check.
+            # (Their shape checks index the sizes without checking the rank.)
+            for idx, value in enumerate(V.graph.graph_inputs.values()):
+                if isinstance(value, ir.TensorBox):
+                    self.prefix.writeline(f"neuron_check_input_dim(input_handles, {idx}, {len(value.get_size())});")
+                self.prefix.writeline(f"check_input_{idx}(input_handles);")
+
+    def _device_copies(self, args):
+        # AOTI keeps the model's constants in its host memory (CPU tensors).
+        # A neuron op refuses host tensors, so a fallback that runs as one
+        # (through the dispatcher) gets a device copy of each constant it
+        # reads, made inside the model's launch.
+        if not V.graph.aot_mode or not V.graph.constants:
+            return list(args)
+        constant = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, V.graph.constants)))
+        result = []
+        for arg in args:
+            if isinstance(arg, str) and constant.search(arg):
+                name = f"neuron_constant_{next(self.arg_var_id)}"
+                self.writeline(f"RAIIAtenTensorHandle {name} = neuron_device_copy({arg}, this->device_idx_);")
+                arg = f"{name}.get()"
+            result.append(arg)
+        return result
+
+    def codegen_runtime_lookup_tensor_call_args(self, tensor_call_args):
+        # Fallbacks through the dispatcher (generate_fallback_kernel).
+        return self._device_copies(super().codegen_runtime_lookup_tensor_call_args(tensor_call_args))
+
+    def generate_c_shim_extern_kernel_alloc(self, extern_kernel, args):
+        # A shim that returns a new tensor (convolution) is a composite op: it
+        # dispatches to neuron ops. `_out` shims (mm, addmm) are host kernels
+        # writing into neuron buffers and read the constants in place.
+        if _is_neuron(extern_kernel.get_device()):
+            args = self._device_copies(args)
+        super().generate_c_shim_extern_kernel_alloc(extern_kernel, args)
+
+    def write_header(self):
+        super().write_header()
+        if V.graph.aot_mode and not V.graph.is_const_graph:
+            self.header.splice(_NEURON_AOTI_HELPERS)
 
     def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
         super().generate_c_shim_extern_kernel_call(kernel, args, "cpu" if device == "neuron" else device, **kwargs)
@@ -214,8 +347,9 @@ def launched(call, device_index: int, name: str):
 
 
 class _CodegenVersion(CustomGraphModulePass):
-    """Keys Inductor's caches (FX graph, AOTAutograd) on this file and on
-    _inductor_flex.py: the code generated for neuron graphs depends on them.
+    """Keys Inductor's caches (FX graph, AOTAutograd) on this file, the
+    kernel bindings, the flex lowerings and the AOTI device header: the code
+    generated for neuron graphs depends on them.
     Registered as neuron's post-grad pass; it changes nothing in the graph."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
@@ -225,7 +359,7 @@ class _CodegenVersion(CustomGraphModulePass):
     def uuid(self) -> bytes:
         from . import _inductor_flex
 
-        return get_hash_for_files((__file__, _inductor_flex.__file__))
+        return get_hash_for_files((__file__, _inductor_kernels.__file__, _inductor_flex.__file__, _AOTI_HEADER))
 
 
 @functools.cache

@@ -326,9 +326,19 @@ class OpKernel final : public neuronrt::Kernel {
  public:
   OpKernel(const c10::OperatorHandle& op, Mode mode, const char* name, Args args, Outs outputs)
       : op_(op), mode_(mode), name_(name), args_(std::move(args)),
-        outputs_(std::move(outputs)) {}
+        outputs_(std::move(outputs)) {
+    for (const c10::IValue& v : args_) {
+      if (v.isTensor()) {
+        bytes_ += v.toTensor().nbytes();
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) bytes_ += t.nbytes();
+      }
+    }
+    for (const at::Tensor& o : outputs_) bytes_ += o.nbytes();
+  }
 
   const char* name() const noexcept override { return name_; }
+  size_t bytes() const noexcept override { return bytes_; }
 
   void run() override { run_reporting([&] { execute(); }); }
 
@@ -353,6 +363,7 @@ class OpKernel final : public neuronrt::Kernel {
   // e.g. an in-place transpose_, do not reach a queued kernel).
   Args args_;
   Outs outputs_;
+  size_t bytes_ = 0;
 };
 
 class CopyKernel final : public neuronrt::Kernel {
@@ -360,6 +371,7 @@ class CopyKernel final : public neuronrt::Kernel {
   CopyKernel(const at::Tensor& src, const at::Tensor& dst, const char* name)
       : src_(host_alias(src)), dst_(host_alias(dst)), name_(name) {}
   const char* name() const noexcept override { return name_; }
+  size_t bytes() const noexcept override { return src_.nbytes() + dst_.nbytes(); }
   void run() override {
     run_reporting([&] {
       caller_.apply();

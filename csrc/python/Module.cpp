@@ -22,6 +22,7 @@ namespace py = pybind11;
 namespace torch_neuronx {
 void register_memory_snapshot(py::module& m);  // MemorySnapshot.cpp
 void register_nki(py::module& m);              // Nki.cpp
+void register_compiled_kernels(py::module& m);  // CompiledKernels.cpp
 }
 
 namespace {
@@ -78,6 +79,7 @@ PYBIND11_MODULE(_C, m) {
   at::neuron::install_staging_allocator();
   torch_neuronx::register_memory_snapshot(m);
   torch_neuronx::register_nki(m);
+  torch_neuronx::register_compiled_kernels(m);
 
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
         "Registers the device kernel table; returns the registered op names.");
@@ -154,6 +156,18 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(neuronrt::pointer_device(p) >= 0, "caching_allocator_delete: ", p,
                 " was not allocated by the neuron caching allocator");
     neuronrt::free(p);
+  });
+  // (issued, synchronous) launches over the device's streams: tests check
+  // that a workload's ops are queued, not run synchronously.
+  m.def("_launch_counts", [](int device) {
+    return at::neuron::rt_call([&] {
+      uint64_t issued = 0, synchronous = 0;
+      for (neuronrt::Stream* s : neuronrt::all_streams(device)) {
+        issued += s->issued();
+        synchronous += s->synchronous();
+      }
+      return std::make_pair(issued, synchronous);
+    });
   });
   m.def("_is_neuron_ptr", [](uintptr_t ptr) {
     return neuronrt::CachingAllocator::instance().device_of(reinterpret_cast<void*>(ptr));

@@ -56,6 +56,10 @@ class Kernel {
   virtual ~Kernel() = default;
   virtual const char* name() const noexcept = 0;
   virtual void run() = 0;
+  // An estimate of the bytes of memory the kernel touches. A stream runs a
+  // small kernel on the launching thread when it has nothing queued (handing
+  // it to the executor would cost more than running it); unknown: never.
+  virtual size_t bytes() const noexcept { return SIZE_MAX; }
 };
 
 // Runs `kernel` in order on `stream` and returns when it has run. Errors
@@ -64,6 +68,8 @@ void launch(Stream& stream, Kernel& kernel);
 // Queues `kernel` on `stream` and returns at once; the stream owns it until it
 // has run. Errors surface at the stream's next synchronization point as
 // KernelError (Stream.h). NEURON_RT_LAUNCH_BLOCKING=1 makes this launch().
+// A small kernel (Kernel::bytes) on an idle stream runs before this returns,
+// with the same error reporting.
 void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel);
 
 // ---- Streams and events -------------------------------------------------------

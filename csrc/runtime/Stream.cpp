@@ -108,6 +108,7 @@ struct Stream::Executor {
   std::deque<Queued> queue;
   std::vector<std::unique_ptr<Kernel>> finished;  // destroyed by callers
   std::string error;                              // first failure not yet reported
+  bool running_inline = false;                    // a caller runs a small kernel (queue waits)
   bool sleeping = false;
   int waiters = 0;
 };
@@ -125,6 +126,13 @@ uint64_t launch_correlation() {
   if (!g_launch_observer.load(std::memory_order_relaxed)) return 0;
   CorrelationSource source = g_correlation_source.load(std::memory_order_relaxed);
   return source ? source() : 0;
+}
+
+std::string failure_message(const Stream& s, const Kernel& kernel, const std::exception& ex) {
+  return std::string("a kernel launched asynchronously on neuron:") + std::to_string(s.device()) + " (stream " +
+         std::to_string(s.id()) + ") failed: " + kernel.name() + ": " + ex.what() +
+         "\nKernel errors are reported at the next synchronization point; set "
+         "NEURON_RT_LAUNCH_BLOCKING=1 to raise them where the kernel is launched.";
 }
 
 uint64_t now_ns() {
@@ -188,8 +196,10 @@ Stream::Executor& Stream::executor() const {
             std::this_thread::yield();
           }
           lock.lock();
+        }
+        if (e->queue.empty() || e->running_inline) {
           e->sleeping = true;
-          e->work.wait(lock, [&] { return !e->queue.empty(); });
+          e->work.wait(lock, [&] { return !e->queue.empty() && !e->running_inline; });
           e->sleeping = false;
         }
         kernel = std::move(e->queue.front().kernel);
@@ -202,10 +212,7 @@ Stream::Executor& Stream::executor() const {
           self->run(*kernel, correlation);
         } catch (const std::exception& ex) {
           std::lock_guard<std::mutex> lock(e->mutex);
-          e->error = std::string("a kernel launched asynchronously on neuron:") + std::to_string(self->device_) +
-                     " (stream " + std::to_string(self->id_) + ") failed: " + kernel->name() + ": " + ex.what() +
-                     "\nKernel errors are reported at the next synchronization point; set "
-                     "NEURON_RT_LAUNCH_BLOCKING=1 to raise them where the kernel is launched.";
+          e->error = failure_message(*self, *kernel, ex);
         }
       }
       std::lock_guard<std::mutex> lock(e->mutex);
@@ -244,6 +251,7 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
   // synchronous launches in progress: one of them may be this launch's caller.)
   wait_queued();
   check_error();
+  synchronous_.fetch_add(1, std::memory_order_relaxed);
   issued_.fetch_add(1, std::memory_order_acq_rel);
   struct Retire {
     Stream* s;
@@ -269,6 +277,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
     launch([&] { kernel->run(); }, kernel->name());
     return;
   }
+  if (kernel->bytes() <= kInlineBytes && run_inline_if_idle(kernel)) return;
   Executor& e = executor();
   std::vector<std::unique_ptr<Kernel>> finished;
   {
@@ -279,6 +288,42 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
     if (e.sleeping) e.work.notify_one();
   }
   // `finished` is destroyed here, on the caller: kernels release tensors.
+}
+
+bool Stream::run_inline_if_idle(std::unique_ptr<Kernel>& kernel) {
+  Executor& e = executor();
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    // Idle: nothing queued or running, and no failure pending (the kernels
+    // after a failure are skipped, as on the executor).
+    if (!e.queue.empty() || e.running_inline || !e.error.empty() || completed() != issued()) return false;
+    e.running_inline = true;
+    issued_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  std::string error;
+  {
+    struct Inline {  // work the kernel launches itself runs inline too
+      Inline() { ++tls_inline_depth; }
+      ~Inline() { --tls_inline_depth; }
+    } in_kernel;
+    try {
+      run(*kernel, launch_correlation());
+    } catch (const std::exception& ex) {
+      error = failure_message(*this, *kernel, ex);
+    }
+  }
+  std::vector<std::unique_ptr<Kernel>> finished;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    if (!error.empty() && e.error.empty()) e.error = std::move(error);
+    e.running_inline = false;
+    completed_.fetch_add(1, std::memory_order_release);
+    finished.swap(e.finished);
+    if (e.sleeping && !e.queue.empty()) e.work.notify_one();
+    if (e.waiters > 0) e.done.notify_all();
+  }
+  kernel.reset();  // on the caller, as finished kernels are
+  return true;
 }
 
 void Stream::wait_for(uint64_t seq) const {

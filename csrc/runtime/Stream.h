@@ -7,6 +7,11 @@
 //   does a kernel enqueued from inside a synchronous launch (nested work).
 // - launch(fn): runs `fn` on the calling thread once the queued work is done
 //   (a synchronous launch, for work whose results the caller needs now).
+// A small kernel (Kernel::bytes() <= kInlineBytes) enqueued on an idle stream
+// runs on the calling thread instead, before enqueue() returns: the handoff to
+// the executor would cost more than the kernel (on an idle stream the caller
+// has nothing to overlap it with). Its errors are reported as a queued
+// kernel's are, and work enqueued meanwhile by other threads waits for it.
 // A kernel that fails on the executor does not raise at its launch: the error
 // is kept, the stream skips its remaining queued kernels, and the next
 // synchronization point of the stream (synchronize, a synchronous launch, an
@@ -34,6 +39,8 @@ const std::string& launch_blocking_error() noexcept;
 class Stream {
  public:
   static constexpr int kPoolSize = 32;
+  // Kernels up to this size may run on the launching thread (see above).
+  static constexpr size_t kInlineBytes = 64 * 1024;
   // Stream ids: 0 is the default stream, 1..kPoolSize the normal-priority
   // pool, kPoolSize+1..2*kPoolSize the high-priority pool.
   Stream(int device, int64_t id);
@@ -56,6 +63,9 @@ class Stream {
   // Number of launches issued / completed so far.
   uint64_t issued() const { return issued_.load(std::memory_order_acquire); }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+  // How many of the issued launches were synchronous (launch()): each is a
+  // point where the caller waited for the stream (overlap lost).
+  uint64_t synchronous() const { return synchronous_.load(std::memory_order_relaxed); }
   bool query() const { return completed() >= issued(); }
   // Waits for all issued work; raises KernelError if a queued kernel failed.
   void synchronize() const;
@@ -75,12 +85,15 @@ class Stream {
   struct Executor;
   Executor& executor() const;
   void run(Kernel& kernel, uint64_t correlation);
+  // Runs a small kernel on the caller if the stream is idle; false otherwise.
+  bool run_inline_if_idle(std::unique_ptr<Kernel>& kernel);
 
   int device_;
   int64_t id_;
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
   std::atomic<uint64_t> last_queued_{0};  // sequence number of the last enqueue()
+  std::atomic<uint64_t> synchronous_{0};
   mutable std::atomic<Executor*> executor_{nullptr};
 };
 

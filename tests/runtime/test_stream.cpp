@@ -62,13 +62,16 @@ namespace {
 // A queued kernel that runs `fn`.
 class FnKernel final : public neuronrt::Kernel {
  public:
-  explicit FnKernel(std::function<void()> fn, const char* name = "test kernel") : fn_(std::move(fn)), name_(name) {}
+  explicit FnKernel(std::function<void()> fn, const char* name = "test kernel", size_t bytes = SIZE_MAX)
+      : fn_(std::move(fn)), name_(name), bytes_(bytes) {}
   const char* name() const noexcept override { return name_; }
   void run() override { fn_(); }
+  size_t bytes() const noexcept override { return bytes_; }
 
  private:
   std::function<void()> fn_;
   const char* name_;
+  size_t bytes_;
 };
 
 std::unique_ptr<neuronrt::Kernel> kernel(std::function<void()> fn, const char* name = "test kernel") {
@@ -94,6 +97,34 @@ TEST(Executor, QueuedKernelsRunInOrderOnAnotherThread) {
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
   EXPECT_NE(ran_on, std::this_thread::get_id());
   EXPECT_TRUE(s.query());
+}
+
+TEST(Executor, SmallKernelsOnAnIdleStreamRunOnTheCaller) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  s.synchronize();
+  const size_t small = neuronrt::Stream::kInlineBytes;
+  std::thread::id ran_on;
+  s.enqueue(std::make_unique<FnKernel>([&] { ran_on = std::this_thread::get_id(); }, "small", small));
+  EXPECT_EQ(ran_on, std::this_thread::get_id());  // ran before enqueue returned
+  EXPECT_TRUE(s.query());
+  // Its failure is kept for the next synchronization point.
+  s.enqueue(std::make_unique<FnKernel>([] { throw std::runtime_error("bad index"); }, "small failing", small));
+  EXPECT_THROW(s.synchronize(), neuronrt::KernelError);
+  // Behind queued work, a small kernel is queued (it may depend on it).
+  std::atomic<bool> release{false};
+  s.enqueue(kernel([&] {
+    while (!release.load()) std::this_thread::yield();
+  }));
+  std::thread::id later_on;
+  s.enqueue(std::make_unique<FnKernel>([&] { later_on = std::this_thread::get_id(); }, "small", small));
+  EXPECT_FALSE(s.query());
+  release = true;
+  s.synchronize();
+  EXPECT_NE(later_on, std::this_thread::get_id());
+  // Larger kernels always go to the executor.
+  s.enqueue(std::make_unique<FnKernel>([&] { ran_on = std::this_thread::get_id(); }, "large", small + 1));
+  s.synchronize();
+  EXPECT_NE(ran_on, std::this_thread::get_id());
 }
 
 TEST(Executor, FailedKernelIsReportedAtTheNextSynchronization) {
