@@ -54,6 +54,11 @@ if not hasattr(torch.Tensor, "is_neuron"):
 
 _SUPPORTED_OPS = tuple(sorted(_C._register_host_kernels()))
 
+# torch's FlexAttention accepts only a fixed set of devices (see the module).
+from . import _compat_flex_attention  # noqa: E402
+
+_compat_flex_attention.install()
+
 # The `neuron` torch.distributed backend (torch.distributed is already imported).
 from . import distributed as _distributed  # noqa: E402
 

@@ -347,8 +347,9 @@ def launched(call, device_index: int, name: str):
 
 
 class _CodegenVersion(CustomGraphModulePass):
-    """Keys Inductor's caches (FX graph, AOTAutograd) on this file and the
-    AOTI device header: the code generated for neuron graphs depends on them.
+    """Keys Inductor's caches (FX graph, AOTAutograd) on this file, the
+    kernel bindings, the flex lowerings and the AOTI device header: the code
+    generated for neuron graphs depends on them.
     Registered as neuron's post-grad pass; it changes nothing in the graph."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
@@ -356,7 +357,9 @@ class _CodegenVersion(CustomGraphModulePass):
 
     @functools.cache
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__, _inductor_kernels.__file__, _AOTI_HEADER))
+        from . import _inductor_flex
+
+        return get_hash_for_files((__file__, _inductor_kernels.__file__, _inductor_flex.__file__, _AOTI_HEADER))
 
 
 @functools.cache
@@ -378,6 +381,10 @@ def register() -> None:
     # kernels; it skips "cpu" nodes, not other C++-generated devices. The
     # flag only affects GPU devices otherwise (CPU nodes are skipped).
     config.loop_reindexing_after_fusion = False
+    # FlexAttention's HOPs (torch_neuronx/_inductor_flex.py).
+    from ._inductor_flex import register as register_flex_attention
+
+    register_flex_attention()
 
 
 # What Inductor's init_backend_registration reads from ``torch.neuron`` (its

@@ -1,0 +1,55 @@
+"""Compatibility step for torch releases whose FlexAttention rejects neuron.
+
+``torch.nn.attention.flex_attention.flex_attention`` checks the query's device
+against a fixed set (``_validate_device``: cuda, cpu, xpu, hpu, mps in torch
+2.13) before doing anything else, eager or under ``torch.compile``, and no
+registration API extends that set. Everything behind the check works for
+neuron: the eager path runs the HOP's math implementation on neuron tensors,
+and Inductor lowers the HOP through torch_neuronx/_inductor_flex.py.
+
+The step replaces the module's ``_validate_device`` with one that accepts
+neuron (forward and backward, as on CUDA) and defers to torch's check for
+every other device. It is applied only while torch's own check rejects
+neuron (probed, not version-matched), so it retires itself when upstream
+accepts PrivateUse1 devices. tests/test_flex_attention.py::test_validate_device_step
+fails if the step is removed while torch still needs it.
+"""
+from __future__ import annotations
+
+import functools
+import types
+
+
+def _probe(device_type: str):
+    # _validate_device reads only .device.type and .requires_grad.
+    return types.SimpleNamespace(device=types.SimpleNamespace(type=device_type), requires_grad=False)
+
+
+def torch_rejects_neuron(validate_device) -> bool:
+    probe = _probe("neuron")
+    try:
+        validate_device(probe, probe, probe)
+    except ValueError:
+        return True
+    return False
+
+
+@functools.cache
+def install() -> bool:
+    """Applies the step if this torch needs it; returns whether it did."""
+    import torch.nn.attention.flex_attention as flex
+
+    original = flex._validate_device
+    if not torch_rejects_neuron(original):
+        return False
+
+    @functools.wraps(original)
+    def _validate_device(query, key, value):
+        # q, k and v share a device (checked before this by flex_attention).
+        if query.device.type == "neuron":
+            return
+        original(query, key, value)
+
+    _validate_device._neuron_compat_original = original  # type: ignore[attr-defined]
+    flex._validate_device = _validate_device
+    return True
