@@ -282,6 +282,15 @@ bool shm_moves(const at::Tensor& t) {
 std::string store_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> store_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
+// A 0/1 switch from the environment; anything else is a clear error.
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  const std::string s(v);
+  TORCH_CHECK_VALUE(s == "0" || s == "1", name, " must be 0 or 1, got '", s, "'");
+  return s == "1";
+}
+
 // The prefix under which a group rendezvous (its transport and shared-memory
 // keys): a torchrun restart reuses the agent's store, so each attempt needs
 // its own keys. The root group gets the same prefix in torch_neuronx/distributed.py.
@@ -411,8 +420,8 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<Backend> gloo, int ran
 }
 
 void ProcessGroupNeuron::setupShm(const c10::intrusive_ptr<Store>& store) {
-  const char* env = std::getenv("TORCH_NEURONX_SHM");
-  if (env && std::string(env) == "0") return;
+  const bool direct = env_switch("TORCH_NEURONX_SHM_DIRECT", true);  // read before any rendezvous
+  if (!env_switch("TORCH_NEURONX_SHM", true)) return;
   if (!store || size_ < 2) return;
   // Every rank reads every rank's keys, so all reach the same decision.
   auto s = c10::make_intrusive<PrefixStore>("shm/", store);
@@ -448,8 +457,7 @@ void ProcessGroupNeuron::setupShm(const c10::intrusive_ptr<Store>& store) {
   if (!all) return;
   // The single-copy path: peers map each other's device memory. The probe
   // is a collective: the ranks run it only if all of them want it.
-  const char* direct = std::getenv("TORCH_NEURONX_SHM_DIRECT");
-  s->set(c10::str("direct/", rank_), store_bytes(direct && std::string(direct) == "0" ? "0" : "1"));
+  s->set(c10::str("direct/", rank_), store_bytes(direct ? "1" : "0"));
   bool wanted = true;
   for (int r = 0; r < size_; ++r) wanted = store_string(s->get(c10::str("direct/", r))) == "1" && wanted;
   if (wanted) {

@@ -318,3 +318,20 @@ dist.destroy_process_group()
         assert "off=0" in line, line
     fields = dict(kv.split("=") for kv in lines[0].split()[2:5])
     assert int(fields["first"]) >= 1 and int(fields["after"]) == 1, lines[0]
+
+
+@pytest.mark.parametrize("var,value", [("TORCH_NEURONX_SHM", "off"), ("TORCH_NEURONX_SHM_DIRECT", "no"),
+                                       ("TORCH_NEURONX_ASYNC_ERROR_HANDLING", "5")])
+def test_malformed_backend_switches_raise(var, value):
+    from conftest import run_json
+
+    out = run_json("""
+        import json, tempfile, torch.distributed as dist
+        try:
+            dist.init_process_group("neuron", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+            print(json.dumps(None))
+        except ValueError as e:
+            print(json.dumps(str(e)))
+    """, env={var: value})
+    assert out is not None and var in out and repr(value) in out, out
+
