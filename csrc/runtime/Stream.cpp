@@ -118,6 +118,9 @@ namespace {
 // launches itself (a compiled graph's aten calls) runs inline: queuing it
 // would let the executor run it concurrently with the kernel that waits for it.
 thread_local int tls_inline_depth = 0;
+// The stream whose executor this thread is (it must never wait for room in
+// its own queue).
+thread_local const Stream* tls_executor_of = nullptr;
 
 std::atomic<LaunchObserver> g_launch_observer{nullptr};
 std::atomic<CorrelationSource> g_correlation_source{nullptr};
@@ -180,6 +183,7 @@ Stream::Executor& Stream::executor() const {
   auto* e = new Executor();
   auto* self = const_cast<Stream*>(this);
   std::thread([self, e] {
+    tls_executor_of = self;
     for (;;) {
       std::unique_ptr<Kernel> kernel;
       uint64_t correlation = 0;
@@ -281,7 +285,12 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   Executor& e = executor();
   std::vector<std::unique_ptr<Kernel>> finished;
   {
-    std::lock_guard<std::mutex> lock(e.mutex);
+    std::unique_lock<std::mutex> lock(e.mutex);
+    if (e.queue.size() >= kMaxQueued && tls_executor_of != this) {
+      ++e.waiters;
+      e.done.wait(lock, [&] { return e.queue.size() < kMaxQueued; });
+      --e.waiters;
+    }
     e.queue.push_back({std::move(kernel), launch_correlation()});
     last_queued_.store(issued_.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_release);
     finished.swap(e.finished);

@@ -41,6 +41,10 @@ class Stream {
   static constexpr int kPoolSize = 32;
   // Kernels up to this size may run on the launching thread (see above).
   static constexpr size_t kInlineBytes = 64 * 1024;
+  // At most this many kernels wait in a stream's queue: enqueue() blocks
+  // until the executor makes room, as a CUDA launch does when the device's
+  // launch queue is full (queued kernels also hold their operands' memory).
+  static constexpr size_t kMaxQueued = 1024;
   // Stream ids: 0 is the default stream, 1..kPoolSize the normal-priority
   // pool, kPoolSize+1..2*kPoolSize the high-priority pool.
   Stream(int device, int64_t id);

@@ -4,7 +4,9 @@
 #include "csrc/runtime/Runtime.h"
 #include "csrc/runtime/Stream.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <thread>
 
@@ -125,6 +127,26 @@ TEST(Executor, SmallKernelsOnAnIdleStreamRunOnTheCaller) {
   s.enqueue(std::make_unique<FnKernel>([&] { ran_on = std::this_thread::get_id(); }, "large", small + 1));
   s.synchronize();
   EXPECT_NE(ran_on, std::this_thread::get_id());
+}
+
+TEST(Executor, EnqueueWaitsWhenTheQueueIsFull) {
+  // A launch loop faster than the device stays kMaxQueued kernels ahead at
+  // most (it ran away before: millions of queued kernels and their memory).
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::atomic<int> ran{0};
+  size_t most_ahead = 0;
+  const size_t n = 3 * neuronrt::Stream::kMaxQueued;
+  for (size_t i = 0; i < n; ++i) {
+    s.enqueue(kernel([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      ++ran;
+    }));
+    most_ahead = std::max<size_t>(most_ahead, s.issued() - s.completed());
+  }
+  s.synchronize();
+  EXPECT_EQ(ran.load(), static_cast<int>(n));
+  EXPECT_LE(most_ahead, neuronrt::Stream::kMaxQueued + 1);  // + the one running
+  EXPECT_GE(most_ahead, neuronrt::Stream::kMaxQueued / 2);  // the loop did run ahead
 }
 
 TEST(Executor, FailedKernelIsReportedAtTheNextSynchronization) {
