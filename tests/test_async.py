@@ -61,15 +61,15 @@ def test_small_kernels_on_an_idle_stream_run_at_once_and_report_errors_later():
         torch.neuron.synchronize()
 
 
-def test_a_decode_step_is_queued():
-    # Every op of a Llama decode step is queued but one (arange, a factory):
-    # an op outside the queue table makes the caller wait for the stream, and
-    # Python overhead no longer overlaps with the kernels.
+def test_a_decode_step_does_not_stall():
+    # No op of a Llama decode step waits for queued work: an op outside the
+    # queue table would make the caller wait for the stream, and Python
+    # overhead would stop overlapping with the kernels.
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from torch_neuronx import _C
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
@@ -78,10 +78,12 @@ def test_a_decode_step_is_queued():
         want = model(ids).logits[:, -1]
         model.to("neuron")
         out = model(ids[:, :-1].to("neuron"), use_cache=True)
+        token = ids[:, -1:].to("neuron")
+        torch.neuron.synchronize()
         before = _C._launch_counts(0)
-        got = model(ids[:, -1:].to("neuron"), past_key_values=out.past_key_values, use_cache=True).logits[:, -1]
-        issued, synchronous = (b - a for a, b in zip(before, _C._launch_counts(0)))
-    assert issued > 50 and synchronous <= 2, (issued, synchronous)  # arange, the H2D copy of the token
+        got = model(token, past_key_values=out.past_key_values, use_cache=True).logits[:, -1]
+        issued, stalls = (b - a for a, b in zip(before, _C._launch_counts(0)))
+    assert issued > 50 and stalls <= 1, (issued, stalls)  # arange (a factory) may find work queued
     assert_same(got, want, rtol=1e-4, atol=1e-5)
 
 

@@ -51,6 +51,9 @@ struct AsyncOp {
   Mode mode;
   const char* out_overload;  // Mode::Out
   Outs (*meta)(const Args&);
+  // The kernel checks values (index ranges): its errors must wait for a
+  // synchronization point however it runs.
+  bool checks_data = false;
 };
 
 const at::Tensor& T(const Args& a, size_t i) { return a[i].toTensor(); }
@@ -192,7 +195,8 @@ const AsyncOp kAsyncOps[] = {
               at::Tensor self = T(a, 0);
               at::meta::index_copy_(self, a[1].toInt(), T(a, 2), T(a, 3));
               return {};
-            }},
+            },
+            /*checks_data=*/true},
     AsyncOp{"aten::index_select", "", Mode::Out, "out",
             [](const Args& a) -> Outs {
               // ATen has no C++ meta function for index_select: its checks
@@ -206,7 +210,8 @@ const AsyncOp kAsyncOps[] = {
               auto sizes = self.sizes().vec();
               if (self.dim() > 0) sizes[dim] = index.numel();
               return {at::empty(sizes, self.options())};
-            }},
+            },
+            /*checks_data=*/true},
     AsyncOp{"aten::fill_", "Scalar", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
     AsyncOp{"aten::zero_", "", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
     // the fused attention of torch.nn.functional.scaled_dot_product_attention
@@ -402,6 +407,23 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t begin = stack->size() - num_args;
+  // A small op on an idle stream would run on the caller anyway (runtime.md,
+  // "Small kernels on an idle stream"): the synchronous path does that
+  // without describing the outputs with meta tensors first. Ops whose kernels
+  // check values keep the queued path, so their errors wait for a sync point.
+  // (Not after a failure: the ops behind it are skipped until it is reported.)
+  if (!info.checks_data && neuronrt::current_stream(device).query() && !neuronrt::current_stream(device).failed()) {
+    size_t bytes = 0;
+    for (size_t i = begin; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isTensor()) {
+        bytes += v.toTensor().nbytes();
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) bytes += t.nbytes();
+      }
+    }
+    if (bytes <= neuronrt::Stream::kInlineBytes / 2) return false;
+  }
   Args meta_args;
   meta_args.reserve(num_args);
   for (size_t i = begin; i < stack->size(); ++i) {

@@ -157,16 +157,16 @@ PYBIND11_MODULE(_C, m) {
                 " was not allocated by the neuron caching allocator");
     neuronrt::free(p);
   });
-  // (issued, synchronous) launches over the device's streams: tests check
-  // that a workload's ops are queued, not run synchronously.
+  // (issued launches, stalls) over the device's streams: tests check that a
+  // workload's ops do not make the caller wait for queued work.
   m.def("_launch_counts", [](int device) {
     return at::neuron::rt_call([&] {
-      uint64_t issued = 0, synchronous = 0;
+      uint64_t issued = 0, stalls = 0;
       for (neuronrt::Stream* s : neuronrt::all_streams(device)) {
         issued += s->issued();
-        synchronous += s->synchronous();
+        stalls += s->stalls();
       }
-      return std::make_pair(issued, synchronous);
+      return std::make_pair(issued, stalls);
     });
   });
   m.def("_is_neuron_ptr", [](uintptr_t ptr) {

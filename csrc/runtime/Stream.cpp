@@ -217,6 +217,7 @@ Stream::Executor& Stream::executor() const {
         } catch (const std::exception& ex) {
           std::lock_guard<std::mutex> lock(e->mutex);
           e->error = failure_message(*self, *kernel, ex);
+          self->failed_.store(true, std::memory_order_release);
         }
       }
       std::lock_guard<std::mutex> lock(e->mutex);
@@ -253,9 +254,9 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
   if (in_bad_fork()) throw BadForkError();
   // The caller runs `fn` itself, after the queued work. (Not after other
   // synchronous launches in progress: one of them may be this launch's caller.)
+  if (completed() < last_queued_.load(std::memory_order_acquire)) stalls_.fetch_add(1, std::memory_order_relaxed);
   wait_queued();
   check_error();
-  synchronous_.fetch_add(1, std::memory_order_relaxed);
   issued_.fetch_add(1, std::memory_order_acq_rel);
   struct Retire {
     Stream* s;
@@ -324,7 +325,10 @@ bool Stream::run_inline_if_idle(std::unique_ptr<Kernel>& kernel) {
   std::vector<std::unique_ptr<Kernel>> finished;
   {
     std::lock_guard<std::mutex> lock(e.mutex);
-    if (!error.empty() && e.error.empty()) e.error = std::move(error);
+    if (!error.empty() && e.error.empty()) {
+      e.error = std::move(error);
+      failed_.store(true, std::memory_order_release);
+    }
     e.running_inline = false;
     completed_.fetch_add(1, std::memory_order_release);
     finished.swap(e.finished);
@@ -361,6 +365,7 @@ void Stream::check_error() const {
     std::lock_guard<std::mutex> lock(e->mutex);
     finished.swap(e->finished);
     error.swap(e->error);
+    failed_.store(false, std::memory_order_release);
   }
   finished.clear();
   if (!error.empty()) throw KernelError(error);

@@ -67,10 +67,13 @@ class Stream {
   // Number of launches issued / completed so far.
   uint64_t issued() const { return issued_.load(std::memory_order_acquire); }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
-  // How many of the issued launches were synchronous (launch()): each is a
-  // point where the caller waited for the stream (overlap lost).
-  uint64_t synchronous() const { return synchronous_.load(std::memory_order_relaxed); }
+  // How many synchronous launches (launch()) found queued work to wait for:
+  // points where the caller stalled and Python overhead stopped overlapping
+  // with the kernels.
+  uint64_t stalls() const { return stalls_.load(std::memory_order_relaxed); }
   bool query() const { return completed() >= issued(); }
+  // Whether a queued kernel's failure waits to be reported (check_error).
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Waits for all issued work; raises KernelError if a queued kernel failed.
   void synchronize() const;
   // Blocks until the launch with sequence number `seq` has completed.
@@ -97,7 +100,8 @@ class Stream {
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
   std::atomic<uint64_t> last_queued_{0};  // sequence number of the last enqueue()
-  std::atomic<uint64_t> synchronous_{0};
+  std::atomic<uint64_t> stalls_{0};
+  mutable std::atomic<bool> failed_{false};
   mutable std::atomic<Executor*> executor_{nullptr};
 };
 
