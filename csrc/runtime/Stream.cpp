@@ -260,7 +260,16 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
   issued_.fetch_add(1, std::memory_order_acq_rel);
   struct Retire {
     Stream* s;
-    ~Retire() { s->completed_.fetch_add(1, std::memory_order_release); }
+    ~Retire() {
+      s->completed_.fetch_add(1, std::memory_order_release);
+      // Completions are counted, not matched to sequence numbers: a thread
+      // waiting for a queued kernel may need this one to reach its count
+      // (launches from several threads interleave), so it must be woken.
+      if (Executor* e = s->executor_.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(e->mutex);
+        if (e->waiters > 0) e->done.notify_all();
+      }
+    }
   } retire{this};
   struct FnKernel final : Kernel {
     const std::function<void()>& fn;

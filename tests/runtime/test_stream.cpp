@@ -149,6 +149,38 @@ TEST(Executor, EnqueueWaitsWhenTheQueueIsFull) {
   EXPECT_GE(most_ahead, neuronrt::Stream::kMaxQueued / 2);  // the loop did run ahead
 }
 
+TEST(Executor, WaitersWakeOnSynchronousCompletions) {
+  // Completions are counted: a synchronous launch from another thread that
+  // finishes last is what brings the count to a waiter's target, so it must
+  // wake the waiter (it did not: three threads hung in .item()).
+  auto& s = neuronrt::pool_stream(1, 0);
+  s.synchronize();
+  std::atomic<bool> entered{false}, release{false}, synced{false};
+  std::thread holder([&] {
+    s.launch([&] {
+      entered = true;
+      while (!release.load()) std::this_thread::yield();
+    }, "held");
+  });
+  while (!entered.load()) std::this_thread::yield();
+  s.enqueue(kernel([] {}));  // queued behind nothing: the executor runs it now
+  while (s.completed() + 1 < s.issued()) std::this_thread::yield();
+  std::thread waiter([&] {
+    s.synchronize();
+    synced = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the waiter sleeps in wait_for
+  release = true;
+  holder.join();
+  for (int i = 0; i < 2000 && !synced.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(synced.load());
+  if (synced.load()) {
+    waiter.join();
+  } else {
+    waiter.detach();  // would hang forever
+  }
+}
+
 TEST(Executor, FailedKernelIsReportedAtTheNextSynchronization) {
   auto& s = neuronrt::pool_stream(0, 0);
   bool later_ran = false;
