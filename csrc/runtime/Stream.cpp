@@ -118,6 +118,11 @@ namespace {
 // launches itself (a compiled graph's aten calls) runs inline: queuing it
 // would let the executor run it concurrently with the kernel that waits for it.
 thread_local int tls_inline_depth = 0;
+// Marks the calling thread as running a kernel itself (see tls_inline_depth).
+struct InlineScope {
+  InlineScope() { ++tls_inline_depth; }
+  ~InlineScope() { --tls_inline_depth; }
+};
 // The stream whose executor this thread is (it must never wait for room in
 // its own queue).
 thread_local const Stream* tls_executor_of = nullptr;
@@ -278,10 +283,7 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
     const char* name() const noexcept override { return label; }
     void run() override { fn(); }
   } kernel(fn, name);
-  struct Inline {
-    Inline() { ++tls_inline_depth; }
-    ~Inline() { --tls_inline_depth; }
-  } in_launch;
+  InlineScope in_launch;
   run(kernel, launch_correlation());
 }
 
@@ -321,10 +323,7 @@ bool Stream::run_inline_if_idle(std::unique_ptr<Kernel>& kernel) {
   }
   std::string error;
   {
-    struct Inline {  // work the kernel launches itself runs inline too
-      Inline() { ++tls_inline_depth; }
-      ~Inline() { --tls_inline_depth; }
-    } in_kernel;
+    InlineScope in_kernel;  // work the kernel launches itself runs inline too
     try {
       run(*kernel, launch_correlation());
     } catch (const std::exception& ex) {
