@@ -9,15 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <climits>
-#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <thread>
 #include <type_traits>
+
+#include "ShmReduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -85,76 +85,6 @@ void futex_wake(std::atomic<uint32_t>* word) {
 
 bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
-// ---- element types and reductions -------------------------------------------------
-// S is the stored type, C the type the reduction computes in. Each pairwise
-// step rounds back to S, as reducing two tensors of that dtype does (bf16,
-// fp16: through float), so results equal an element-wise reduction in ATen.
-
-template <typename T>
-struct Plain {
-  using S = T;
-  using C = T;
-  static C load(S x) { return x; }
-  static S store(C x) { return x; }
-};
-
-struct BFloat16 {
-  using S = uint16_t;
-  using C = float;
-  static C load(S x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
-  static S store(C x) {
-    if (std::isnan(x)) return 0x7FC0;
-    const uint32_t u = std::bit_cast<uint32_t>(x);
-    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
-  }
-};
-
-struct Float16 {
-  using S = uint16_t;
-  using C = float;
-  static C load(S x) { return static_cast<float>(std::bit_cast<_Float16>(x)); }
-  static S store(C x) { return std::bit_cast<uint16_t>(static_cast<_Float16>(x)); }
-};
-
-// Integer sums and products wrap (two's complement), without signed overflow.
-template <typename C>
-using Wide = std::conditional_t<(sizeof(C) < 4), uint32_t, std::make_unsigned_t<C>>;
-
-struct Sum {
-  template <typename C>
-  static C apply(C a, C b) {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<Wide<C>>(a) + static_cast<Wide<C>>(b));
-    } else {
-      return a + b;
-    }
-  }
-};
-struct Product {
-  template <typename C>
-  static C apply(C a, C b) {
-    if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(static_cast<Wide<C>>(static_cast<std::make_unsigned_t<C>>(a)) *
-                            static_cast<Wide<C>>(static_cast<std::make_unsigned_t<C>>(b)));
-    } else {
-      return a * b;
-    }
-  }
-};
-// MIN/MAX propagate NaN, as torch.minimum/maximum do.
-struct Min {
-  template <typename C>
-  static C apply(C a, C b) {
-    return (a < b || a != a) ? a : b;
-  }
-};
-struct Max {
-  template <typename C>
-  static C apply(C a, C b) {
-    return (a > b || a != a) ? a : b;
-  }
-};
-
 // ---- moving bytes -------------------------------------------------------------------
 // Large single-copy collectives stream their results out with non-temporal
 // stores: the destination lines are not read for ownership first (a third of
@@ -169,127 +99,10 @@ bool streams(size_t bytes_all_ranks) { return bytes_all_ranks > kCacheBytes; }
 // it, small enough that a rank the scheduler left out holds up little.
 constexpr size_t kItemBytes = size_t{256} << 10;
 
-void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
-#if defined(__x86_64__)
-  if (stream && n >= 256) {
-    char* d = static_cast<char*>(dst);
-    const char* s = static_cast<const char*>(src);
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
-    std::memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    const size_t body = n & ~size_t{63};
-    for (size_t i = 0; i < body; i += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-    }
-    std::memcpy(d + body, s + body, n - body);
-    return;
-  }
-#endif
-  (void)stream;
-  std::memcpy(dst, src, n);
-}
-
-// Streaming stores are weakly ordered: fence them before announcing them.
-void store_fence() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
-}
-
-// Copies src to every destination, a block at a time so src is read once.
-void copy_to_all(void* const* dsts, int ndst, const void* src, size_t n, bool stream) {
-  constexpr size_t kBlock = size_t{64} << 10;
-  for (size_t a = 0; a < n; a += kBlock) {
-    const size_t m = std::min(kBlock, n - a);
-    for (int d = 0; d < ndst; ++d) copy_bytes(static_cast<char*>(dsts[d]) + a, static_cast<const char*>(src) + a, m, stream);
-  }
-}
-
-// dsts[0..ndst) = reduction over srcs[0..n) in that order. A destination
-// may be one of the sources: each block is read whole before it is written.
-template <typename T, typename Op>
-void reduce_kernel(const void* const* srcs, int n, void* const* dsts, int ndst, size_t count, bool average,
-                   bool stream) {
-  using S = typename T::S;
-  using C = typename T::C;
-  constexpr size_t kBlock = 1024;
-  C acc[kBlock];
-  S out[kBlock];  // streamed results leave from here
-  for (size_t i0 = 0; i0 < count; i0 += kBlock) {
-    const size_t m = std::min(kBlock, count - i0);
-    // The next block's sources: the prefetchers stop at page boundaries,
-    // and a block is about a page.
-    if (i0 + kBlock < count) {
-      const size_t ahead = std::min(kBlock, count - i0 - kBlock) * sizeof(S);
-      for (int r = 0; r < n; ++r) {
-        const char* next = static_cast<const char*>(srcs[r]) + (i0 + kBlock) * sizeof(S);
-        for (size_t b = 0; b < ahead; b += 64) __builtin_prefetch(next + b);
-      }
-    }
-    const S* s0 = static_cast<const S*>(srcs[0]) + i0;
-    if (n == 1) {
-      for (size_t i = 0; i < m; ++i) acc[i] = T::load(s0[i]);
-    } else {  // the first two sources in one pass
-      const S* s1 = static_cast<const S*>(srcs[1]) + i0;
-      for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(T::load(s0[i]), T::load(s1[i]))));
-    }
-    for (int r = 2; r < n; ++r) {
-      const S* sr = static_cast<const S*>(srcs[r]) + i0;
-      for (size_t i = 0; i < m; ++i) acc[i] = T::load(T::store(Op::apply(acc[i], T::load(sr[i]))));
-    }
-    if constexpr (std::is_floating_point_v<C>) {
-      if (average) {
-        const C div = static_cast<C>(n);
-        for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
-      }
-    }
-    if (stream) {
-      for (size_t i = 0; i < m; ++i) out[i] = T::store(acc[i]);
-      for (int d = 0; d < ndst; ++d) copy_bytes(static_cast<S*>(dsts[d]) + i0, out, m * sizeof(S), true);
-      continue;
-    }
-    S* d0 = static_cast<S*>(dsts[0]) + i0;
-    for (size_t i = 0; i < m; ++i) d0[i] = T::store(acc[i]);
-    // The other destinations copy the first while it is in L1.
-    for (int d = 1; d < ndst; ++d) std::memcpy(static_cast<S*>(dsts[d]) + i0, d0, m * sizeof(S));
-  }
-}
-
-template <typename T>
-void reduce_typed(ShmReduceOp op, const void* const* srcs, int n, void* const* dsts, int ndst, size_t count,
-                  bool stream) {
-  switch (op) {
-    case ShmReduceOp::Sum: return reduce_kernel<T, Sum>(srcs, n, dsts, ndst, count, false, stream);
-    case ShmReduceOp::Avg: return reduce_kernel<T, Sum>(srcs, n, dsts, ndst, count, true, stream);
-    case ShmReduceOp::Product: return reduce_kernel<T, Product>(srcs, n, dsts, ndst, count, false, stream);
-    case ShmReduceOp::Min: return reduce_kernel<T, Min>(srcs, n, dsts, ndst, count, false, stream);
-    case ShmReduceOp::Max: return reduce_kernel<T, Max>(srcs, n, dsts, ndst, count, false, stream);
-  }
-}
-
-void reduce(ShmDtype dtype, ShmReduceOp op, const void* const* srcs, int n, void* const* dsts, int ndst,
-            size_t count, bool stream = false) {
-  switch (dtype) {
-    case ShmDtype::Float32: return reduce_typed<Plain<float>>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::Float64: return reduce_typed<Plain<double>>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::Float16: return reduce_typed<Float16>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::BFloat16: return reduce_typed<BFloat16>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::Int8: return reduce_typed<Plain<int8_t>>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::UInt8: return reduce_typed<Plain<uint8_t>>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::Int16: return reduce_typed<Plain<int16_t>>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::Int32: return reduce_typed<Plain<int32_t>>(op, srcs, n, dsts, ndst, count, stream);
-    case ShmDtype::Int64: return reduce_typed<Plain<int64_t>>(op, srcs, n, dsts, ndst, count, stream);
-  }
-}
+using shm::copy_bytes;
+using shm::copy_to_all;
+using shm::reduce;
+using shm::store_fence;
 
 bool is_floating(ShmDtype d) {
   return d == ShmDtype::Float32 || d == ShmDtype::Float64 || d == ShmDtype::Float16 || d == ShmDtype::BFloat16;
@@ -614,6 +427,7 @@ bool ShmCollectives::enable_peer_access(BufferLocator locate, std::chrono::milli
   return peer_access();
 }
 
+
 bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what) {
   const int h = begin_step(what);
   shared(rank_, h) = {locate_(plan.in, plan.in_bytes), plan.out ? locate_(plan.out, plan.out_bytes) : SharedBuffer{},
@@ -751,7 +565,7 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
     if (a == 0) verify(check, h);
     for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
     void* dsts[2] = {chunk + lo(me) * es, mine + lo(me) * es};
-    reduce(dtype, op, srcs.data(), size_, dsts, oneShot ? 1 : 2, hi(me) - lo(me));
+    reduce(dtype, op, srcs.data(), size_, dsts, oneShot ? 1 : 2, hi(me) - lo(me), false);
     arrive();
     if (!oneShot) {
       wait_peers(2 * (step_ - 1) + 2, what);
@@ -815,7 +629,7 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
       srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
     }
     void* dst = out + a * es;
-    reduce(dtype, op, srcs.data(), size_, &dst, 1, c);
+    reduce(dtype, op, srcs.data(), size_, &dst, 1, c, false);
     arrive();  // done reading the peers' halves
     if (count == 0) break;
   }
