@@ -322,12 +322,18 @@ void ShmCollectives::wait_word(std::atomic<uint32_t>& word, std::atomic<uint32_t
                                int peer, const char* what) {
   if (reached(word.load(std::memory_order_acquire), target)) return;
   const auto start = std::chrono::steady_clock::now();
-  // Spin briefly (~10 µs: the peer is usually a few microseconds behind),
-  // then yield, then sleep on the word: the machine may have fewer cores
-  // than ranks, and a long spin would take the peer's core.
-  for (int i = 0; i < 512; ++i) {
+  // Spin briefly (~2 µs), then yield, then sleep on the word. A peer that
+  // has not arrived within a couple of microseconds is usually not running
+  // (more runnable processes than cores, or both ranks on one core), and a
+  // longer spin only keeps it off this core: a 20 µs spin ended 0-3 of
+  // ~2000 waits at load 4-5, and two ranks sharing a core paid it on every
+  // collective (docs/benchmarks.md). The yield phase still catches a peer
+  // that is a few microseconds behind on another core.
+  constexpr auto kSpin = std::chrono::microseconds(2);
+  for (int i = 1;; ++i) {
     cpu_relax();
     if (reached(word.load(std::memory_order_acquire), target)) return;
+    if (i % 8 == 0 && std::chrono::steady_clock::now() - start >= kSpin) break;
   }
   auto lastLiveness = start;
   const int first = peer < 0 ? 0 : peer, last = peer < 0 ? size_ - 1 : peer;  // whom we wait for

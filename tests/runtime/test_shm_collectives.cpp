@@ -3,9 +3,11 @@
 // failure paths (a peer that exits, hangs or aborts) ending in ShmError
 // within the timeout instead of a hang.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -506,4 +508,38 @@ TEST(PeerMemory, MapsOncePerSegmentAndDropsMappingsAfterARelease) {
   EXPECT_EQ(memfd_mappings(), base);  // unmapped with the PeerMemory
   neuronrt::destroy_shared_mapping(a);
   neuronrt::destroy_shared_mapping(b);
+}
+
+TEST(ShmCollectivesDirect, AWaiterHandsASharedCoreToItsPeerPromptly) {
+  // Both ranks pinned to one CPU (more ranks than cores, as on a busy
+  // machine): whichever arrives first must give the core to the other
+  // instead of spinning through its time. Back-to-back in-place all_gathers
+  // of 2 x 128 KiB (single-copy) took 5-6 µs per call that way; with the
+  // waiter spinning ~20 µs first, 18-20 µs.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // the forked rank inherits it
+  const size_t block = 128 << 10;
+  auto codes = run_group(2, 8192, [&](ShmCollectives& g) {
+    Arena arena(2 * block);
+    if (!g.enable_peer_access(arena.locator(), 10s)) return 20;
+    char* out = arena.at<char>(0);
+    void* outs[2] = {out, out + block};
+    std::memset(outs[g.rank()], g.rank() + 1, block);
+    double best = 1e9;
+    for (int run = 0; run < 15; ++run) {
+      constexpr int kCalls = 50;
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kCalls; ++i) g.all_gather(outs[g.rank()], outs, block, 10s);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kCalls);
+    }
+    if (out[0] != 1 || out[block] != 2) return 1;
+    if (g.rank() == 0) std::fprintf(stderr, "in-place all_gather on one core: %.1f us per call\n", best * 1e6);
+    return best < 12e-6 ? 0 : 2;
+  });
+  sched_setaffinity(0, sizeof(saved), &saved);
+  expect_all_zero(codes);
 }
