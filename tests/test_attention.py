@@ -84,7 +84,7 @@ def test_sdpa_dropout_takes_math_path():
 def test_sdpa_compiled_uses_fused_op(backend):
     # The fused choice reads only metadata, so traced graphs keep the one fused
     # op (as CPU graphs do) instead of the math decomposition, forward and backward.
-    from torch._inductor.utils import run_and_get_code
+    from torch._inductor.utils import fresh_cache, run_and_get_code
 
     torch._dynamo.reset()
     q, k, v = _qkv((2, 2, 32, 8), torch.float32)
@@ -94,16 +94,38 @@ def test_sdpa_compiled_uses_fused_op(backend):
     fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                                       v.transpose(1, 2), is_causal=True),
                        backend=backend, fullgraph=True)
-    got, (fwd_code, *_) = run_and_get_code(fn, *(t.transpose(1, 2) for t in dev))
-    want = F.scaled_dot_product_attention(*ref, is_causal=True)
-    assert "_scaled_dot_product_fused_attention_overrideable" in fwd_code
-    assert_same(got, want, atol=1e-6, rtol=1e-6)
-    grad = torch.randn(want.shape)
-    _, (bwd_code,) = run_and_get_code(lambda: got.backward(grad.to("neuron")))
+    with fresh_cache():  # the generated code is read from compiles, not cache hits
+        got, (fwd_code, *_) = run_and_get_code(fn, *(t.transpose(1, 2) for t in dev))
+        want = F.scaled_dot_product_attention(*ref, is_causal=True)
+        assert "_scaled_dot_product_fused_attention_overrideable" in fwd_code
+        assert_same(got, want, atol=1e-6, rtol=1e-6)
+        grad = torch.randn(want.shape)
+        _, (bwd_code,) = run_and_get_code(lambda: got.backward(grad.to("neuron")))
     want.backward(grad)
     assert "_scaled_dot_product_fused_attention_overrideable_backward" in bwd_code
     for d, r in zip(dev, ref):
         assert_same(d.grad, r.grad, atol=1e-6, rtol=1e-6)
+
+
+def test_sdpa_choice_follows_cpu_for_a_mask_strided_in_its_last_dim():
+    # Wan's attention passes a mask whose last dimension is strided: CPU takes
+    # its flash kernel, and so must neuron, eager and traced (the CPU choice
+    # is asked about CPU stand-ins of the tensors).
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    q, k, v = _qkv((1, 4, 16, 8), torch.bfloat16)
+    mask = torch.randn(1, 16, 4, 16).to(torch.bfloat16).permute(0, 2, 3, 1)
+    assert mask.stride(-1) != 1
+    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    assert torch._fused_sdp_choice(q, k, v, mask) == flash
+    dev = [t.to("neuron") for t in (q, k, v, mask)]
+    assert torch._fused_sdp_choice(*dev) == int(torch.nn.attention.SDPBackend.OVERRIDEABLE)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), backend="neuron")
+    with fresh_cache():
+        got, (code,) = run_and_get_code(fn, *dev)
+    assert "_scaled_dot_product_fused_attention_overrideable" in code
+    assert_same(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-2, rtol=2**-7)
 
 
 def test_sdpa_compiled_with_cpp_wrapper_matches_cpu():

@@ -21,13 +21,41 @@
 namespace at::neuron {
 namespace {
 
+// A CPU tensor with t's metadata and no memory. The CPU choice reads only
+// metadata, but some of its checks depend on the device (a mask strided in
+// its last dimension suits the CPU kernel only on CPU tensors), so it is asked
+// about CPU stand-ins: the same answer for eager and for traced tensors.
+at::Tensor cpu_stand_in(const at::Tensor& t) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::kCPU)), nullptr,
+                       false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                      t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+  if (t.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  // The host flash kernel's constraints (dtype, rank, strides, head size) read
-  // only metadata, so the same choice holds for eager tensors and for the fake
-  // tensors of a trace: compiled graphs then keep one fused op, as on CPU.
-  auto choice = at::native::_fused_sdp_choice_cpp(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  // Conjugate/negative views would need materializing first: the math path.
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->is_neg() || t->is_conj()) return static_cast<int64_t>(at::SDPBackend::math);
+  }
+  int64_t choice;
+  bool symbolic = false;
+  for (const at::Tensor* t : {&q, &k, &v, attn_mask ? &*attn_mask : nullptr}) {
+    symbolic = symbolic || (t && t->unsafeGetTensorImpl()->has_symbolic_sizes_strides());
+  }
+  if (symbolic) {
+    // Traced with dynamic shapes: the checks read symbolic sizes as they are.
+    choice = at::native::_fused_sdp_choice_cpp(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  } else {
+    choice = at::native::_fused_sdp_choice_cpp(
+        cpu_stand_in(q), cpu_stand_in(k), cpu_stand_in(v),
+        attn_mask ? std::optional<at::Tensor>(cpu_stand_in(*attn_mask)) : std::nullopt, dropout_p, is_causal, scale,
+        enable_gqa);
+  }
   // The fused kernel has no dropout RNG of its own. Grouped-query attention
   // (fewer key/value heads) is fine: the CPU flash kernel maps heads itself.
   bool fused = choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && dropout_p == 0.0;
