@@ -129,6 +129,30 @@ def test_mlp_package_matches_cpu(block, block_package):
         assert_same(model(x.to(DEV)), block(x), **FP32)
 
 
+class Attention(torch.nn.Module):
+    """Self-attention over a [B, S, 3, H, D] projection: SDPA's fused op on
+    strided views of one buffer (the host flash kernel by name in C++ wrappers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 8).unbind(2)
+        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                               v.transpose(1, 2), is_causal=True)
+        return out.transpose(1, 2).reshape(x.shape[0], x.shape[1], 16)
+
+
+def test_attention_package_matches_cpu(tmp_path):
+    torch.manual_seed(0)
+    cpu = Attention().eval()
+    x = torch.randn(2, 10, 16)
+    model = torch._inductor.aoti_load_package(_package(_neuron_copy(cpu), (x.to(DEV),), tmp_path / "attn.pt2"))
+    with torch.no_grad():
+        assert_same(model(x.to(DEV)), cpu(x), **FP32)
+
+
 @pytest.mark.parametrize("batch", [4, 2, 7])
 def test_fallbacks_package_dynamic_batch_matches_cpu(fallbacks, fallbacks_package, batch):
     model = torch._inductor.aoti_load_package(fallbacks_package)

@@ -115,6 +115,25 @@ def test_queued_ops_match_cpu():
         assert_same(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_queued_ops_keep_the_cpu_kernels_layouts():
+    # A queued op's outputs are allocated from its shape function before the
+    # kernel runs: they must have the CPU kernel's strides (which its meta
+    # function, and so Inductor, also assume), e.g. attention output laid out
+    # like the query. Ops called inside a launch (the fallbacks of compiled
+    # graphs and AOTI models) find their stream busy and are queued.
+    from torch_neuronx import _C
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 10, 2, 8, generator=g)
+    for q in (base.transpose(1, 2), base.transpose(1, 2).contiguous(), base.permute(0, 2, 3, 1).transpose(2, 3)):
+        want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q)
+        d = q.neuron()
+        got = _C._launch(0, lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(d, d, d))
+        for g_, w in zip(got, want):
+            assert g_.stride() == w.stride()
+            assert_same(g_, w, rtol=1e-6, atol=1e-6)
+
+
 def test_in_place_ops_on_views_are_ordered():
     base = torch.arange(24.0).reshape(4, 6)
     dev = base.neuron()

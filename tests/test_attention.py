@@ -1,6 +1,6 @@
 """scaled_dot_product_attention on neuron: eager SDPA takes the fused
 (``overrideable``) path wherever CPU would take its flash kernel, so results
-equal CPU's bit for bit; traced graphs keep the math decomposition."""
+equal CPU's bit for bit, and traced graphs keep that one fused op."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,17 +81,76 @@ def test_sdpa_dropout_takes_math_path():
 
 
 @pytest.mark.parametrize("backend", ["neuron", "inductor"])
-def test_sdpa_compiled_keeps_math_decomposition(backend):
-    from torch._dynamo.testing import CompileCounterWithBackend
+def test_sdpa_compiled_uses_fused_op(backend):
+    # The fused choice reads only metadata, so traced graphs keep the one fused
+    # op (as CPU graphs do) instead of the math decomposition, forward and backward.
+    from torch._inductor.utils import fresh_cache, run_and_get_code
 
     torch._dynamo.reset()
     q, k, v = _qkv((2, 2, 32, 8), torch.float32)
-    cnt = CompileCounterWithBackend(backend)
-    fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), backend=cnt,
-                       fullgraph=True)
-    got = fn(*(t.to("neuron") for t in (q, k, v)))
-    assert cnt.frame_count == 1
-    assert_same(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+    dev = [t.to("neuron").requires_grad_() for t in (q, k, v)]
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    # Inputs laid out as [B, S, H, D] and transposed, as attention layers pass them.
+    fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                      v.transpose(1, 2), is_causal=True),
+                       backend=backend, fullgraph=True)
+    with fresh_cache():  # the generated code is read from compiles, not cache hits
+        got, (fwd_code, *_) = run_and_get_code(fn, *(t.transpose(1, 2) for t in dev))
+        want = F.scaled_dot_product_attention(*ref, is_causal=True)
+        assert "_scaled_dot_product_fused_attention_overrideable" in fwd_code
+        assert_same(got, want, atol=1e-6, rtol=1e-6)
+        grad = torch.randn(want.shape)
+        _, (bwd_code,) = run_and_get_code(lambda: got.backward(grad.to("neuron")))
+    want.backward(grad)
+    assert "_scaled_dot_product_fused_attention_overrideable_backward" in bwd_code
+    for d, r in zip(dev, ref):
+        assert_same(d.grad, r.grad, atol=1e-6, rtol=1e-6)
+
+
+def test_sdpa_choice_follows_cpu_for_a_mask_strided_in_its_last_dim():
+    # Wan's attention passes a mask whose last dimension is strided: CPU takes
+    # its flash kernel, and so must neuron, eager and traced (the CPU choice
+    # is asked about CPU stand-ins of the tensors).
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    q, k, v = _qkv((1, 4, 16, 8), torch.bfloat16)
+    mask = torch.randn(1, 16, 4, 16).to(torch.bfloat16).permute(0, 2, 3, 1)
+    assert mask.stride(-1) != 1
+    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    assert torch._fused_sdp_choice(q, k, v, mask) == flash
+    dev = [t.to("neuron") for t in (q, k, v, mask)]
+    assert torch._fused_sdp_choice(*dev) == int(torch.nn.attention.SDPBackend.OVERRIDEABLE)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), backend="neuron")
+    with fresh_cache():
+        got, (code,) = run_and_get_code(fn, *dev)
+    assert "_scaled_dot_product_fused_attention_overrideable" in code
+    assert_same(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-2, rtol=2**-7)
+
+
+def test_sdpa_compiled_with_cpp_wrapper_matches_cpu():
+    # C++ wrappers call the host flash kernels by name in place of the fused
+    # ops (torch_neuronx/_inductor_attention.py), forward and backward.
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    q, k, v = _qkv((2, 2, 16, 8), torch.float32)
+    ref = [t.transpose(1, 2).clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.detach().to("neuron").requires_grad_() for t in ref]
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True)
+
+    with inductor_config.patch(cpp_wrapper=True):
+        got = torch.compile(attention, backend="neuron", fullgraph=True)(*dev)
+        want = attention(*ref)
+        grad = torch.randn(want.shape)
+        got.backward(grad.to("neuron"))
+    want.backward(grad)
+    assert_same(got, want, atol=1e-6, rtol=1e-6)
+    for d, r in zip(dev, ref):
+        assert_same(d.grad, r.grad, atol=1e-6, rtol=1e-6)
 
 
 def test_flash_attention_op_forward_and_backward_match_cpu():

@@ -348,7 +348,7 @@ def launched(call, device_index: int, name: str):
 
 class _CodegenVersion(CustomGraphModulePass):
     """Keys Inductor's caches (FX graph, AOTAutograd) on this file, the
-    kernel bindings, the flex lowerings and the AOTI device header: the code
+    kernel bindings, the flex and SDPA lowerings and the AOTI device header: the code
     generated for neuron graphs depends on them.
     Registered as neuron's post-grad pass; it changes nothing in the graph."""
 
@@ -357,9 +357,10 @@ class _CodegenVersion(CustomGraphModulePass):
 
     @functools.cache
     def uuid(self) -> bytes:
-        from . import _inductor_flex
+        from . import _inductor_attention, _inductor_flex
 
-        return get_hash_for_files((__file__, _inductor_kernels.__file__, _inductor_flex.__file__, _AOTI_HEADER))
+        return get_hash_for_files((__file__, _inductor_kernels.__file__, _inductor_flex.__file__,
+                                   _inductor_attention.__file__, _AOTI_HEADER))
 
 
 @functools.cache
@@ -385,6 +386,10 @@ def register() -> None:
     from ._inductor_flex import register as register_flex_attention
 
     register_flex_attention()
+    # The fused SDPA op in AOTI models (torch_neuronx/_inductor_attention.py).
+    from ._inductor_attention import register as register_attention
+
+    register_attention()
 
 
 # What Inductor's init_backend_registration reads from ``torch.neuron`` (its

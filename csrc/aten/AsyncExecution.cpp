@@ -215,16 +215,20 @@ const AsyncOp kAsyncOps[] = {
     AsyncOp{"aten::fill_", "Scalar", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
     AsyncOp{"aten::zero_", "", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
     // the fused attention of torch.nn.functional.scaled_dot_product_attention
-    // (csrc/aten/Attention.cpp); the output layouts are the CPU kernel's
+    // (csrc/aten/Attention.cpp). The output layouts are the CPU kernel's, which
+    // are also its meta function's (Inductor asserts them on compiled graphs'
+    // fallbacks): the output is laid out like the query.
     AsyncOp{"aten::_scaled_dot_product_flash_attention_for_cpu", "", Mode::Copy, nullptr,
             [](const Args& a) -> Outs {
               const at::Tensor& q = T(a, 0);
               const at::Tensor& v = T(a, 2);
               TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "scaled_dot_product_attention_flash_attention: expected "
                           "4-D query, key and value");
+              TORCH_CHECK(q.size(3) == v.size(3), "scaled_dot_product_attention_flash_attention: Q/K/V should have "
+                          "the same head size");
               const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
               auto acc = at::toOpMathType(q.scalar_type());
-              return {at::empty({B, H, L, v.size(3)}, q.options()),
+              return {at::empty_like(q),
                       at::empty({B, L, H}, q.options().dtype(acc)).transpose(1, 2)};
             }},
 };

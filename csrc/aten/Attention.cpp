@@ -10,38 +10,76 @@
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <numeric>
 
 #include "HostExecution.h"
 
 namespace at::neuron {
 namespace {
 
-// Tensors seen while tracing (FakeTensor, functional wrappers) carry the Python
-// or Functionalize key: graphs keep the math decomposition, which Inductor
-// lowers, rather than an op the host code could not run on CPU aliases.
-bool is_traced(const at::Tensor& t) {
-  return t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+// A CPU tensor with t's metadata and no memory. The CPU choice reads only
+// metadata, but some of its checks depend on the device (a mask strided in
+// its last dimension suits the CPU kernel only on CPU tensors), so it is asked
+// about CPU stand-ins: the same answer for eager and for traced tensors.
+at::Tensor cpu_stand_in(const at::Tensor& t) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::kCPU)), nullptr,
+                       false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                      t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+  if (t.requires_grad()) out.set_requires_grad(true);
+  return out;
 }
 
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  if (is_traced(q) || is_traced(k) || is_traced(v)) {
-    return static_cast<int64_t>(at::SDPBackend::math);
-  }
-  // Conjugate/negative views would be materialized by the CPU choice itself,
-  // reading device memory outside a kernel: they take the math path.
+  // Conjugate/negative views would need materializing first: the math path.
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->is_neg() || t->is_conj()) return static_cast<int64_t>(at::SDPBackend::math);
   }
-  auto choice = at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v),
-                                      attn_mask ? std::optional<at::Tensor>(host_alias(*attn_mask)) : std::nullopt,
-                                      dropout_p, is_causal, scale, enable_gqa);
+  int64_t choice;
+  bool symbolic = false;
+  for (const at::Tensor* t : {&q, &k, &v, attn_mask ? &*attn_mask : nullptr}) {
+    symbolic = symbolic || (t && t->unsafeGetTensorImpl()->has_symbolic_sizes_strides());
+  }
+  if (symbolic) {
+    // Traced with dynamic shapes: the checks read symbolic sizes as they are.
+    choice = at::native::_fused_sdp_choice_cpp(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  } else {
+    choice = at::native::_fused_sdp_choice_cpp(
+        cpu_stand_in(q), cpu_stand_in(k), cpu_stand_in(v),
+        attn_mask ? std::optional<at::Tensor>(cpu_stand_in(*attn_mask)) : std::nullopt, dropout_p, is_causal, scale,
+        enable_gqa);
+  }
   // The fused kernel has no dropout RNG of its own. Grouped-query attention
   // (fewer key/value heads) is fine: the CPU flash kernel maps heads itself.
   bool fused = choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && dropout_p == 0.0;
   return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
+}
+
+// The layout the meta kernels promise (Inductor plans buffers from them and
+// checks fallback outputs): `like`'s dimension order, densely packed.
+at::Tensor with_layout_of(const at::Tensor& t, const at::Tensor& like) {
+  std::vector<int64_t> order(like.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  std::vector<int64_t> strides(like.dim());
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = stride;
+    stride *= t.size(*it);
+  }
+  if (t.sizes() == like.sizes() && like.is_non_overlapping_and_dense()) strides = like.strides().vec();
+  if (t.strides() == c10::IntArrayRef(strides)) return t;
+  auto out = at::empty_strided(t.sizes(), strides, t.options());
+  out.copy_(t);
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
@@ -53,8 +91,9 @@ fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
                        {q, k, v, dropout_p, is_causal, bias ? c10::IValue(*bias) : c10::IValue(), scale});
   auto empty = at::empty({0}, q.options());
   auto empty_i64 = at::empty({0}, q.options().dtype(at::kLong));
-  return {out[0].toTensor(), out[1].toTensor(), empty_i64, empty_i64, c10::SymInt(q.size(-2)),
-          c10::SymInt(k.size(-2)), empty_i64, empty_i64, empty};
+  auto seed = at::empty({}, q.options().dtype(at::kLong));
+  return {with_layout_of(out[0].toTensor(), q), out[1].toTensor().contiguous(), empty_i64, empty_i64,
+          c10::SymInt(q.size(-2)), c10::SymInt(k.size(-2)), seed, seed, empty};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
@@ -66,7 +105,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   auto grads = host_call("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "",
                          {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
                           bias.defined() ? c10::IValue(bias) : c10::IValue(), scale});
-  return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor(), at::Tensor()};
+  return {with_layout_of(grads[0].toTensor(), q), with_layout_of(grads[1].toTensor(), k),
+          with_layout_of(grads[2].toTensor(), v), at::Tensor()};
 }
 
 // The flash-attention op itself, as CUDA offers it (callers that need the
@@ -89,9 +129,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
   return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor()};
 }
 
+// The host flash kernels under their own names: C++ wrappers (AOTI models)
+// call them in place of the fused ops (torch_neuronx/_inductor_attention.py).
+std::tuple<at::Tensor, at::Tensor> flash_attention_for_host(const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& v, double dropout_p, bool is_causal,
+                                                            const std::optional<at::Tensor>& attn_mask,
+                                                            std::optional<double> scale) {
+  auto out = host_call("aten::_scaled_dot_product_flash_attention_for_cpu", "",
+                       {q, k, v, dropout_p, is_causal, attn_mask ? c10::IValue(*attn_mask) : c10::IValue(), scale});
+  return {out[0].toTensor(), out[1].toTensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_host_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& logsumexp, double dropout_p, bool is_causal, const std::optional<at::Tensor>& attn_mask,
+    std::optional<double> scale) {
+  auto grads = host_call("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "",
+                         {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
+                          attn_mask ? c10::IValue(*attn_mask) : c10::IValue(), scale});
+  return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward", flash_attention_for_host_backward);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu", flash_attention_for_host);
   m.impl("_scaled_dot_product_flash_attention", flash_attention);
   m.impl("_scaled_dot_product_flash_attention_backward", flash_attention_backward);
   m.impl("_fused_sdp_choice", fused_sdp_choice);
