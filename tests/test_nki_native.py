@@ -204,6 +204,48 @@ def _per_row(x):
     return out
 
 
+@nki.jit
+def _shift_between_runs(x):
+    """Two partition-local stretches around a DMA that rotates the partitions
+    (b[p] = a[p + 1]): the executor runs local stretches a block of rows at a
+    time, so the rotation must wait for every row of ``a``."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    a = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=a, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ss)
+    nisa.tensor_scalar(dst=a, data=a, op0=nl.multiply, operand0=ss, op1=nl.add, operand1=1.0)
+    b = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b[0:P - 1], src=a[1:P])
+    nisa.dma_copy(dst=b[P - 1:P], src=a[0:1])
+    y = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=y, data1=b, data2=t, op=nl.multiply)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_partition_mixing_between_local_runs(dtype, threads, monkeypatch):
+    # F = 1024: a block is 32 rows, so each local stretch runs in several blocks.
+    x = torch.randn(128, 1024).to(dtype)
+    nat = _native.plan(_shift_between_runs.trace((x,)), True)
+    whole = nat.words.reshape(nat.ninstr, -1)[:, 13].tolist()
+    assert whole[0] == 0 and whole[-1] == 0 and 1 in whole  # local, whole, local
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _both(_shift_between_runs, x.to("neuron"), monkeypatch=monkeypatch)
+    finally:
+        torch.set_num_threads(old)
+    xf = x.float()
+    a = xf * xf * (xf * xf).sum(1, keepdim=True) + 1
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert_same(out.float(), (a.roll(-1, 0) * xf).to(dtype).float(), atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_per_row_statistics(dtype, monkeypatch):
     x = torch.randn(100, 8).abs().to(dtype)
