@@ -98,9 +98,10 @@ def _row_sums(x):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_sum_order_is_torchs(dtype, monkeypatch):
-    # Every width through the lane, ILP and cascade-level boundaries of torch's sum.
+    # Every width through the lane, ILP and cascade-level boundaries of torch's sum;
+    # 5 rows: the executor sums two rows per pass, and the last one alone.
     for F in list(range(1, 80)) + [127, 128, 129, 255, 256, 257, 1000, 2048, 4097, 16384, 40000]:
-        x = (torch.randn(4, F) * 1000).to(dtype)
+        x = (torch.randn(5, F) * 1000).to(dtype)
         _both(_row_sums, x, monkeypatch=monkeypatch)
 
 
