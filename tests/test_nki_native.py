@@ -98,9 +98,10 @@ def _row_sums(x):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_sum_order_is_torchs(dtype, monkeypatch):
-    # Every width through the lane, ILP and cascade-level boundaries of torch's sum.
+    # Every width through the lane, ILP and cascade-level boundaries of torch's sum;
+    # 5 rows: the executor sums two rows per pass, and the last one alone.
     for F in list(range(1, 80)) + [127, 128, 129, 255, 256, 257, 1000, 2048, 4097, 16384, 40000]:
-        x = (torch.randn(4, F) * 1000).to(dtype)
+        x = (torch.randn(5, F) * 1000).to(dtype)
         _both(_row_sums, x, monkeypatch=monkeypatch)
 
 
@@ -202,6 +203,48 @@ def _per_row(x):
     nisa.activation(dst=r[:, 3:4], op=nl.relu, data=t[:, 6:7], scale=-1.5, bias=t[:, 7:8])
     nisa.dma_copy(dst=out, src=r)
     return out
+
+
+@nki.jit
+def _shift_between_runs(x):
+    """Two partition-local stretches around a DMA that rotates the partitions
+    (b[p] = a[p + 1]): the executor runs local stretches a block of rows at a
+    time, so the rotation must wait for every row of ``a``."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    a = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=a, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ss)
+    nisa.tensor_scalar(dst=a, data=a, op0=nl.multiply, operand0=ss, op1=nl.add, operand1=1.0)
+    b = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b[0:P - 1], src=a[1:P])
+    nisa.dma_copy(dst=b[P - 1:P], src=a[0:1])
+    y = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=y, data1=b, data2=t, op=nl.multiply)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_partition_mixing_between_local_runs(dtype, threads, monkeypatch):
+    # F = 1024: a block is 32 rows, so each local stretch runs in several blocks.
+    x = torch.randn(128, 1024).to(dtype)
+    nat = _native.plan(_shift_between_runs.trace((x,)), True)
+    whole = nat.words.reshape(nat.ninstr, -1)[:, 13].tolist()
+    assert whole[0] == 0 and whole[-1] == 0 and 1 in whole  # local, whole, local
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _both(_shift_between_runs, x.to("neuron"), monkeypatch=monkeypatch)
+    finally:
+        torch.set_num_threads(old)
+    xf = x.float()
+    a = xf * xf * (xf * xf).sum(1, keepdim=True) + 1
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert_same(out.float(), (a.roll(-1, 0) * xf).to(dtype).float(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
