@@ -18,6 +18,7 @@
 #include <ATen/MetaFunctions.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/AutogradState.h>
@@ -228,7 +229,10 @@ const AsyncOp kAsyncOps[] = {
                           "the same head size");
               const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
               auto acc = at::toOpMathType(q.scalar_type());
-              return {at::empty_like(q),
+              // (at::empty_like would run its Python meta function here.)
+              auto strides = q.is_non_overlapping_and_dense() ? q.strides().vec()
+                                                               : at::infer_dense_strides(q.sizes(), q.strides());
+              return {at::empty_strided(q.sizes(), strides, q.options()),
                       at::empty({B, L, H}, q.options().dtype(acc)).transpose(1, 2)};
             }},
 };
