@@ -18,8 +18,9 @@ pytestmark = pytest.mark.distributed
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(os.path.dirname(TESTS), "examples")
-STEPS = ["--steps", "2", "--height", "32", "--width", "32"]
+# Compiled TP of FLUX.2 and Qwen-Image repeat FLUX.1's compiled case on other models.
 slow = pytest.mark.skipif(os.environ.get("TORCH_NEURONX_SLOW") != "1", reason="slow: set TORCH_NEURONX_SLOW=1")
+STEPS = ["--steps", "2", "--height", "32", "--width", "32"]
 MODELS = ("flux", "flux2", "qwenimage")
 FP32 = "atol=1e-5, rtol=1e-5"
 
@@ -269,7 +270,6 @@ def test_example_tensor_parallel_matches_cpu(tmp_path):
     assert (_pixels(tmp_path / "tp.png") - ref).abs().max() <= 1  # uint8 rounding of fp32-equal images
 
 
-@slow
 def test_example_tensor_parallel_from_model_dir(tmp_path):
     """--model DIR --tp 2: the transformer comes from from_pretrained(parallel_config=...), each
     rank reading only its slice of the planned weights."""
