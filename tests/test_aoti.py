@@ -153,6 +153,31 @@ def test_attention_package_matches_cpu(tmp_path):
         assert_same(model(x.to(DEV)), cpu(x), **FP32)
 
 
+class ComplexRope(torch.nn.Module):
+    """A complex rotary table held as a plain attribute and moved with
+    ``.to(x.device)`` (Qwen-Image's RoPE): a constant device_put that Inductor
+    keeps as a fallback (complex), then complex math around it."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.freqs = torch.polar(torch.ones(6, 4), torch.randn(6, 4, generator=g))
+
+    def forward(self, x):
+        freqs = self.freqs.to(x.device)
+        rotated = torch.view_as_complex(x.reshape(x.shape[0], 6, 4, 2)) * freqs.unsqueeze(0)
+        return torch.view_as_real(rotated).flatten(1) * 2
+
+
+def test_complex_constant_moved_to_device_matches_cpu(tmp_path):
+    cpu = ComplexRope()
+    x = torch.randn(3, 48)
+    model = torch._inductor.aoti_load_package(_package(ComplexRope(), (x.to(DEV),), tmp_path / "rope.pt2"))
+    got = model(x.to(DEV))
+    assert got.device.type == DEV
+    assert_same(got, cpu(x), **FP32)
+
+
 @pytest.mark.parametrize("batch", [4, 2, 7])
 def test_fallbacks_package_dynamic_batch_matches_cpu(fallbacks, fallbacks_package, batch):
     model = torch._inductor.aoti_load_package(fallbacks_package)

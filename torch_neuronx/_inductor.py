@@ -268,6 +268,20 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
             return
         super().generate_fallback_kernel(node)
 
+    def generate_fallback_kernel_with_runtime_lookup(self, buf_name, python_kernel_name, get_args, op_overload,
+                                                    raw_args, outputs):
+        if (V.graph.aot_mode and op_overload is torch.ops.prims.device_put.default and len(outputs) == 1
+                and _is_neuron(raw_args[1])):
+            # A device_put onto neuron that Inductor keeps as a fallback (of a
+            # complex tensor, e.g. a RoPE table held as a constant). AOTI's
+            # proxy executor would replace its device argument with the
+            # model's, which is "cpu" for neuron models: the copy is made here.
+            self.writeline(f"RAIIAtenTensorHandle {outputs[0].get_name()} = "
+                           f"neuron_device_copy({get_args()[0]}, this->device_idx_);")
+            return
+        super().generate_fallback_kernel_with_runtime_lookup(buf_name, python_kernel_name, get_args, op_overload,
+                                                             raw_args, outputs)
+
     def _codegen_entry_impl_prologue(self):
         super()._codegen_entry_impl_prologue()
         if V.graph.aot_mode and not V.graph.is_const_graph:
