@@ -400,7 +400,7 @@ def register() -> None:
     from ._inductor_flex import register as register_flex_attention
 
     register_flex_attention()
-    # The fused SDPA op in AOTI models (torch_neuronx/_inductor_attention.py).
+    # The fused SDPA ops in C++ wrappers and AOTI models (torch_neuronx/_inductor_attention.py).
     from ._inductor_attention import register as register_attention
 
     register_attention()
