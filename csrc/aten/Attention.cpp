@@ -9,12 +9,10 @@
 // PrivateUse1 stub (for SDPA itself).
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
-
-#include <algorithm>
-#include <numeric>
 
 #include "HostExecution.h"
 
@@ -63,70 +61,16 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 // The layout the meta kernels promise (Inductor plans buffers from them and
-// checks fallback outputs): `like`'s dimension order, densely packed.
+// checks fallback outputs): empty_like(like)'s, i.e. `like`'s dimension order,
+// densely packed.
 at::Tensor with_layout_of(const at::Tensor& t, const at::Tensor& like) {
-  std::vector<int64_t> order(like.dim());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
-  std::vector<int64_t> strides(like.dim());
-  int64_t stride = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    strides[*it] = stride;
-    stride *= t.size(*it);
-  }
-  if (t.sizes() == like.sizes() && like.is_non_overlapping_and_dense()) strides = like.strides().vec();
+  TORCH_INTERNAL_ASSERT(t.sizes() == like.sizes());
+  auto strides = like.is_non_overlapping_and_dense() ? like.strides().vec()
+                                                     : at::infer_dense_strides(like.sizes(), like.strides());
   if (t.strides() == c10::IntArrayRef(strides)) return t;
   auto out = at::empty_strided(t.sizes(), strides, t.options());
   out.copy_(t);
   return out;
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
-           at::Tensor>
-fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& bias,
-                double dropout_p, bool is_causal, bool return_debug_mask, std::optional<double> scale) {
-  TORCH_CHECK(dropout_p == 0.0, "neuron fused attention has no dropout; use the math path");
-  auto out = host_call("aten::_scaled_dot_product_flash_attention_for_cpu", "",
-                       {q, k, v, dropout_p, is_causal, bias ? c10::IValue(*bias) : c10::IValue(), scale});
-  auto empty = at::empty({0}, q.options());
-  auto empty_i64 = at::empty({0}, q.options().dtype(at::kLong));
-  auto seed = at::empty({}, q.options().dtype(at::kLong));
-  return {with_layout_of(out[0].toTensor(), q), out[1].toTensor().contiguous(), empty_i64, empty_i64,
-          c10::SymInt(q.size(-2)), c10::SymInt(k.size(-2)), seed, seed, empty};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out, const at::Tensor& logsumexp,
-    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
-    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
-  TORCH_CHECK(!grad_input_mask[3], "neuron fused attention does not compute gradients of attn_mask");
-  auto grads = host_call("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "",
-                         {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
-                          bias.defined() ? c10::IValue(bias) : c10::IValue(), scale});
-  return {with_layout_of(grads[0].toTensor(), q), with_layout_of(grads[1].toTensor(), k),
-          with_layout_of(grads[2].toTensor(), v), at::Tensor()};
-}
-
-// The flash-attention op itself, as CUDA offers it (callers that need the
-// log-sum-exp, e.g. Diffusers' ring attention, call it directly): the CPU
-// flash kernel, whose logsumexp has the same [B, H, L] layout.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
-           at::Tensor>
-flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p, bool is_causal,
-                bool return_debug_mask, std::optional<double> scale) {
-  return fused_attention(q, k, v, std::nullopt, dropout_p, is_causal, return_debug_mask, scale);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
-    bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
-  TORCH_CHECK(dropout_p == 0.0, "neuron flash attention has no dropout");
-  auto grads = host_call("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "",
-                         {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, c10::IValue(), scale});
-  return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor()};
 }
 
 // The host flash kernels under their own names: C++ wrappers (AOTI models)
@@ -148,6 +92,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_for_host_backward
                          {grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
                           attn_mask ? c10::IValue(*attn_mask) : c10::IValue(), scale});
   return {grads[0].toTensor(), grads[1].toTensor(), grads[2].toTensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
+           at::Tensor>
+fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& bias,
+                double dropout_p, bool is_causal, bool return_debug_mask, std::optional<double> scale) {
+  TORCH_CHECK(dropout_p == 0.0, "neuron fused attention has no dropout; use the math path");
+  auto [out, logsumexp] = flash_attention_for_host(q, k, v, dropout_p, is_causal, bias, scale);
+  auto empty = at::empty({0}, q.options());
+  auto empty_i64 = at::empty({0}, q.options().dtype(at::kLong));
+  auto seed = at::empty({}, q.options().dtype(at::kLong));
+  return {with_layout_of(out, q), logsumexp.contiguous(), empty_i64, empty_i64,
+          c10::SymInt(q.size(-2)), c10::SymInt(k.size(-2)), seed, seed, empty};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out, const at::Tensor& logsumexp,
+    const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p, bool is_causal,
+    const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  TORCH_CHECK(!grad_input_mask[3], "neuron fused attention does not compute gradients of attn_mask");
+  auto [dq, dk, dv] = flash_attention_for_host_backward(
+      grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
+      bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, scale);
+  return {with_layout_of(dq, q), with_layout_of(dk, k), with_layout_of(dv, v), at::Tensor()};
+}
+
+// The flash-attention op itself, as CUDA offers it (callers that need the
+// log-sum-exp, e.g. Diffusers' ring attention, call it directly): the CPU
+// flash kernel, whose logsumexp has the same [B, H, L] layout.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
+           at::Tensor>
+flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p, bool is_causal,
+                bool return_debug_mask, std::optional<double> scale) {
+  return fused_attention(q, k, v, std::nullopt, dropout_p, is_causal, return_debug_mask, scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor&, const at::Tensor&, c10::SymInt, c10::SymInt, double dropout_p,
+    bool is_causal, const at::Tensor&, const at::Tensor&, std::optional<double> scale) {
+  TORCH_CHECK(dropout_p == 0.0, "neuron flash attention has no dropout");
+  return flash_attention_for_host_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, std::nullopt,
+                                           scale);
 }
 
 }  // namespace
