@@ -36,7 +36,11 @@ MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
 OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM = range(9)
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+# Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
+# and store back with torch's conversions (rounding, saturation, wrapping).
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4,
+           torch.int32: 5, torch.int16: 6, torch.int8: 7, torch.uint8: 8, torch.uint16: 9}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
                                       "not_equal", "greater", "greater_equal", "less", "less_equal"])}
 # Activation functions (csrc/runtime/nki/Program.h). EXACT_FN are bit-identical
@@ -100,6 +104,7 @@ class _Lowering:
             self.dtypes[st.id] = dtype
         self.words, self.imms = [], []
         self.access = []  # per record: (written views, read views)
+        self.mixing = []  # per record: reads other partitions' memory (run whole)
         self.psum = {}  # PSUM storage id -> which elements were written
 
     def view(self, v):
@@ -109,8 +114,9 @@ class _Lowering:
         strides = list(v.strides) + [0] * (MAX_DIMS - v.ndim)
         return [v.storage.id, v.ndim, v.offset] + shape + strides
 
-    def emit(self, opcode, views, header=(), imms=(0.0, 0.0), written=1):
+    def emit(self, opcode, views, header=(), imms=(0.0, 0.0), written=1, mixing=False):
         self.access.append((list(views[:written]), list(views[written:])))
+        self.mixing.append(mixing)
         w = [opcode] + list(header)
         w += [-1] * (HEADER - len(w))
         for v in views:
@@ -151,8 +157,23 @@ def _elements(v):
     return np.lib.stride_tricks.as_strided(base[v.offset:], v.shape, [s * 8 for s in v.strides]).reshape(-1)
 
 
+def _permuted(v, axes):
+    """``v`` with its dims reordered: an on-chip view may then cross
+    partitions, which only a record run whole may read."""
+    return NkiTensor(v.storage, tuple(v.shape[d] for d in axes), tuple(v.strides[d] for d in axes), v.offset,
+                     _check=False)
+
+
+def _check_copy(low, dst, src):
+    # torch cannot round fp8 values (the interpreter's float -> integer store raises).
+    if low.dtypes[src.storage.id] in _FP8 and not low.dtypes[dst.storage.id].is_floating_point:
+        raise Unsupported("an fp8 -> integer copy")
+
+
 def _lower_matmul(low, a):
     dst, st, mv = a["dst"], a["stationary"], a["moving"]
+    if a.get("transpose_stationary"):  # nl.matmul(x, y): x is [M, K], the record takes [K, M]
+        st = _permuted(st, (1, 0))
     add = a["accumulate"]
     if add is None:
         # The first write to a PSUM element since its allocation overwrites,
@@ -172,13 +193,25 @@ def _lower_instr(low, ins, ir, dead):
         return _lower_matmul(low, a)
     if kind == "copy":
         dst, src = a["dst"], a["src"]
+        _check_copy(low, dst, src)
         low.emit(OP_COPY, [dst, src])
+        return dst, [src]
+    if kind == "transpose":
+        # A flat copy from the permuted source; it mixes partitions, so it runs
+        # whole between the row stretches, as a matmul does.
+        dst, src = a["dst"], _permuted(a["src"], a["axes"])
+        _check_copy(low, dst, src)
+        low.emit(OP_COPY, [dst, src], mixing=True)
         return dst, [src]
     if kind == "memset":
         dst, value = a["dst"], a["value"]
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise Unsupported("memset of a non-number")
-        low.emit(OP_FILL, [dst], imms=(float(torch.tensor(value).to(low.dtypes[dst.storage.id]).float()),))
+        try:  # the interpreter's fill_: its conversion, and its overflow error
+            v = torch.empty(1, dtype=low.dtypes[dst.storage.id]).fill_(value)
+        except RuntimeError as e:
+            raise Unsupported(f"memset: {e}") from None
+        low.emit(OP_FILL, [dst], imms=(float(v.item() if not v.dtype.is_floating_point else v.float().item()),))
         return dst, []
     dst, data = a["dst"], a["data"]
     if data.shape[0] != dst.shape[0] or data.shape[0] > 128:
@@ -450,7 +483,7 @@ class NativeProgram:
                 low.emit(OP_FILL, [NkiTensor(st, (st.numel,), _check=False)], imms=(_dtypes.sentinel(st.dtype),))
                 fills += 1
         if fills:
-            for lst in (low.words, low.imms, low.access):
+            for lst in (low.words, low.imms, low.access, low.mixing):
                 lst[:] = lst[-fills:] + lst[:-fills]
         _schedule(low)
         # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a
@@ -517,11 +550,13 @@ def _schedule(low):
     reads or writes HBM that an earlier record since the last barrier wrote
     (or writes HBM one read)."""
     written, read = {}, {}
-    for w, (outs, ins) in zip(low.words, low.access):
+    for w, (outs, ins), mixing in zip(low.words, low.access, low.mixing):
         views = outs + ins
         P = outs[0].shape[0] if outs[0].ndim else 1
         rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
-        if w[0] == OP_COPY:
+        if mixing:
+            rowwise = False
+        elif w[0] == OP_COPY:
             rowwise = rowwise and outs[0].storage.id != ins[0].storage.id
         elif w[0] == OP_MM:
             rowwise = False  # reads every partition of its inputs

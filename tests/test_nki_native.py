@@ -155,16 +155,18 @@ def test_native_precise_fp_off(monkeypatch):
 
 
 def test_native_uncovered_kernel(monkeypatch):
-    # Integer tiles are not covered by the native executor.
-    a = torch.randint(-100, 100, (128, 512), dtype=torch.int32).to("neuron")
-    b = torch.randint(-100, 100, (128, 512), dtype=torch.int32).to("neuron")
+    # uint32 tiles are not covered by the native executor (torch converts
+    # floats to uint32 through int64, with its own overflow rules).
+    a = torch.randint(0, 100, (128, 512), dtype=torch.int32).to(torch.uint32).to("neuron")
+    b = torch.randint(0, 100, (128, 512), dtype=torch.int32).to(torch.uint32).to("neuron")
     monkeypatch.setenv("NKI_EXECUTOR", "native")
-    with pytest.raises(nki.NKIError, match="native executor does not cover.*int32"):
+    with pytest.raises(nki.NKIError, match="native executor does not cover.*uint32"):
         K.tensor_add(a, b)
     ref = _run("interpreter", K.tensor_add, a, b, monkeypatch=monkeypatch)
     auto = _run("auto", K.tensor_add, a, b, monkeypatch=monkeypatch)  # falls back to the interpreter
     _identical(auto, ref)
-    assert_same(auto, a.cpu() + b.cpu())
+    assert auto.device.type == "neuron"
+    assert torch.equal(auto.cpu().to(torch.int64), a.cpu().to(torch.int64) + b.cpu().to(torch.int64))
 
 
 def test_executor_env_checked(monkeypatch):
@@ -424,3 +426,152 @@ def test_native_kernel_builds_agree(isa):
                 os.environ["NKI_EXECUTOR"] = "interpreter"
                 T._identical(out, kernel(*args))
     """ % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})
+
+
+# -- element types: fp16, integers, fp8 (one conversion on load, one on store) --
+def _bits(t):
+    """The raw bits of a tensor (NaN payloads included)."""
+    t = t.cpu().contiguous()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _same_bits(a, b):
+    a, b = a.cpu(), b.cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape
+    diff = (_bits(a) != _bits(b)).nonzero()
+    assert diff.numel() == 0, f"{diff.shape[0]} differ, first at {diff[0].tolist()}: {a[tuple(diff[0])]!r} vs " \
+                              f"{b[tuple(diff[0])]!r}"
+
+
+@nki.jit
+def _convert(x, dtype):
+    """HBM -> a tile of x's dtype -> a tile of ``dtype`` (tensor_copy) -> HBM."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    u = nl.ndarray((P, F), dtype=dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=u, src=t)
+    nisa.dma_copy(dst=out, src=u)
+    return out
+
+
+def _float_edges():
+    """fp32 values over every exponent, with the rounding midpoints, overflow
+    edges and subnormals of fp16 and both fp8 formats, signed zeros, inf, NaN."""
+    g = torch.Generator().manual_seed(1)
+    rand = torch.randint(0, 2**32, (60000,), generator=g, dtype=torch.int64)
+    rand = (rand - 2**31).to(torch.int32).view(torch.float32)
+    around = []
+    for dt in (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+        grid = torch.arange(-(2**15) if dt == torch.float16 else 0, 2**16 if dt == torch.float16 else 256,
+                            dtype=torch.int32)
+        vals = grid.to(torch.int16 if dt == torch.float16 else torch.uint8).view(dt).float()
+        vals = vals[torch.isfinite(vals)].unique()
+        mids = (vals[1:].double() + vals[:-1].double()) / 2
+        around += [vals, mids.float(), torch.nextafter(mids.float(), torch.tensor(float("inf"))),
+                   torch.nextafter(mids.float(), torch.tensor(-float("inf")))]
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 448.0, 464.0, 470.0, 480.0,
+                            57344.0, 61440.0, 65504.0, 65519.0, 65520.0, 1e-7, 6e-8, 3e-8, -2.9e-8, 1e30])
+    x = torch.cat([rand, *around, special, -special])
+    n = x.numel() // 128 * 128
+    return x[:n].reshape(128, -1).contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_native_float_store_rounds_like_copy(dtype, monkeypatch):
+    # fp32 -> fp16/fp8 on store: round to nearest even, fp16 and e5m2 overflow
+    # to inf, e4m3fn to NaN, subnormals kept: torch's .to(dtype), bit for bit.
+    x = _float_edges()
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = _convert(x.to("neuron"), dtype)
+    ref = _run("interpreter", _convert, x.to("neuron"), dtype, monkeypatch=monkeypatch)
+    want = x.to(dtype)
+    if dtype == torch.float16:  # NaN payloads aside (torch's conversion keeps them, as ours does)
+        _identical(out, ref)
+        _identical(out, want.to("neuron"))
+    else:
+        _same_bits(out, ref)
+        _same_bits(out, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_native_every_bit_pattern_round_trips(dtype, monkeypatch):
+    # Every value of the format: loaded as fp32 (exactly), stored back, through a native copy.
+    n = 2**16 if dtype == torch.float16 else 256
+    pattern = torch.arange(n, dtype=torch.int32).to(torch.int16 if n == 2**16 else torch.uint8)
+    x = pattern.view(dtype).reshape(128, -1).to("neuron")
+    as_f32 = _both(_convert, x, torch.float32, monkeypatch=monkeypatch)
+    _identical(as_f32, x.cpu().float().to("neuron"))
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    back = _convert(as_f32, dtype)
+    ref = _run("interpreter", _convert, as_f32, dtype, monkeypatch=monkeypatch)
+    if dtype == torch.float16:
+        _identical(back, ref)
+        nan = x.cpu().isnan()
+        assert torch.equal(_bits(back)[~nan], _bits(x)[~nan])  # every non-NaN value is itself again
+    else:
+        _same_bits(back, ref)
+        nan = x.cpu().float().isnan()
+        assert torch.equal(_bits(back)[~nan], _bits(x)[~nan])
+        # NaNs come back as the format's NaN with their sign (e4m3fn has no other).
+        assert set(_bits(back)[nan].tolist()) <= {0x7F, 0xFF}
+
+
+@nki.jit
+def _low_precision_ops(x, w):
+    """Elementwise, activation (exact functions), per-partition operands and
+    reductions on tiles of x's dtype, with fp32 and bf16 tiles mixed in."""
+    P, F = x.shape
+    out = nl.ndarray((P, 2 * F + 2), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    tw = nl.load(w, dtype=nl.bfloat16)
+    r = nl.ndarray((P, 2 * F + 2), dtype=x.dtype, buffer=nl.sbuf)
+    a = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=a, data=t, op0=nl.multiply, operand0=t[:, 0:1], op1=nl.add, operand1=0.375)
+    nisa.tensor_tensor(dst=r[:, 0:F], data1=a, data2=tw, op=nl.subtract)
+    nisa.scalar_tensor_tensor(dst=r[:, F:2 * F], data=t, op0=nl.multiply, operand0=3.0, op1=nl.maximum,
+                              operand1=r[:, 0:F])
+    nisa.activation(dst=r[:, F:2 * F], op=nl.square, data=r[:, F:2 * F], scale=t[:, 1:2], bias=1.5,
+                    reduce_op=nl.add, reduce_res=r[:, 2 * F:2 * F + 1])
+    nisa.tensor_reduce(dst=r[:, 2 * F + 1:], op=nl.maximum, data=r[:, 0:F], axis=1, keepdims=True)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scale", [1.0, 300.0, 1e-4])  # 300: overflows fp16 (inf) and fp8; 1e-4: subnormals
+def test_native_low_precision_tiles(dtype, scale, monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(128, 96, generator=g) * scale).to(dtype)
+    w = torch.randn(128, 96, generator=g)
+    out = _both(_low_precision_ops, x.to("neuron"), w.to("neuron"), monkeypatch=monkeypatch) \
+        if dtype == torch.float16 else None
+    if out is None:  # no isnan for fp8: compare bits
+        monkeypatch.setenv("NKI_EXECUTOR", "native")
+        out = _low_precision_ops(x.to("neuron"), w.to("neuron"))
+        _same_bits(out, _run("interpreter", _low_precision_ops, x.to("neuron"), w.to("neuron"),
+                             monkeypatch=monkeypatch))
+    xf = x.float()
+    a = (xf * xf[:, 0:1] + 0.375).float()
+    r0 = (a - w.to(torch.bfloat16).float()).to(dtype).float()
+    if scale == 1.0:  # the first block against torch itself
+        assert torch.equal(out[:, :96].cpu().float(), r0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16])
+def test_native_fp16_acceptance_kernels(dtype, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(300, 1000, generator=g).to(dtype), torch.randn(1, 1000, generator=g).to(dtype)
+    out = _both(K.rmsnorm_wide, x.to("neuron"), w.to("neuron"), 1e-6, monkeypatch=monkeypatch)
+    assert_same(out.float(), _rmsnorm_ref(x, w, 1e-6), atol=2e-3, rtol=2e-3)
+    _both(_row_sums, (torch.randn(5, 1000, generator=g) * 100).to(dtype), monkeypatch=monkeypatch)
+    y, b = torch.randn(2, 64, 30, 30, generator=g).to(dtype), torch.randn(64, 1, generator=g).to(dtype)
+    _both(K.avgpool_bias_relu, y.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
+    # NumPy arrays (fp16 is a NumPy dtype) run in place as well.
+    xn, wn = x.numpy(), w.numpy()
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    nat = K.rmsnorm_wide(xn, wn, 1e-6)
+    monkeypatch.setenv("NKI_EXECUTOR", "interpreter")
+    _identical(torch.from_numpy(nat), torch.from_numpy(K.rmsnorm_wide(xn, wn, 1e-6)))

@@ -16,7 +16,13 @@ namespace nk = neuronrt::nki;
 namespace torch_neuronx {
 namespace {
 
-at::ScalarType scalar_type(int64_t dtype) { return dtype == nk::BF16 ? at::kBFloat16 : at::kFloat; }
+at::ScalarType scalar_type(int64_t dtype) {
+  // In nk::DType order (csrc/runtime/nki/Program.h).
+  constexpr at::ScalarType types[nk::kNumDTypes] = {at::kFloat, at::kBFloat16, at::kHalf, at::kFloat8_e4m3fn,
+                                                    at::kFloat8_e5m2, at::kInt, at::kShort, at::kChar,
+                                                    at::kByte, at::kUInt16};
+  return types[dtype];
+}
 
 template <typename T>
 std::vector<T> to_vector(const at::Tensor& t, at::ScalarType type, const char* what) {

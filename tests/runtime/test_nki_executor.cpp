@@ -193,7 +193,7 @@ TEST(NkiExecutor, RejectsMalformedTables) {
   throws([](int64_t*, Table& t) { t.imms.pop_back(); }, "2 immediates per record");
   throws([](int64_t*, Table& t) { t.words.pop_back(); }, "whole number");
   EXPECT_THROW(nk::Program({}, {}, {{nk::F32, 4, 0}}, 8, "arena"), neuronrt::Error);  // 16 bytes > 8
-  EXPECT_THROW(nk::Program({}, {}, {{7, 4, -1}}, 0, "dtype"), neuronrt::Error);
+  EXPECT_THROW(nk::Program({}, {}, {{nk::kNumDTypes, 4, -1}}, 0, "dtype"), neuronrt::Error);
   auto ok = build([](int64_t*, Table&) {});
   std::vector<float> a(P * F);
   EXPECT_THROW(nk::execute(ok, {a.data()}, 1), neuronrt::Error);  // one bound buffer of two
@@ -233,4 +233,85 @@ TEST(NkiExecutor, TranscendentalActivation) {
   std::vector<float> out(P * F);
   nk::execute(prog, {x.data(), out.data()}, 1);
   for (int64_t i = 0; i < P * F; ++i) EXPECT_EQ(out[i], std::exp(x[i] * 0.5f + -1.0f)) << i;
+}
+
+namespace {
+
+// One copy record from buffer 0 ([1, n] of `from`) to buffer 1 ([1, n] of `to`).
+template <class D, class S>
+std::vector<D> copy_as(const std::vector<S>& src, int64_t from, int64_t to) {
+  const int64_t n = int64_t(src.size());
+  Table t;
+  t.add({nk::OP_COPY}, {rows(1, 1, n), rows(0, 1, n)});
+  nk::Program prog(t.words, t.imms, {{from, n, -1}, {to, n, -1}}, 0, "convert");
+  std::vector<D> out(n);
+  nk::execute(prog, {const_cast<S*>(src.data()), out.data()}, 1);
+  return out;
+}
+
+}  // namespace
+
+TEST(NkiExecutor, StoresRoundLikeTorchConversions) {
+  const float inf = INFINITY, nan = NAN;
+  const std::vector<float> x = {1.0f, 65504.0f, 65519.0f, 65520.0f, 0x1p-24f, 0x1p-25f, 3 * 0x1p-25f, -2.5f,
+                                0.1f, -inf, nan};
+  // fp16: round to nearest even, overflow to inf, subnormals kept.
+  auto h = copy_as<uint16_t>(x, nk::F32, nk::F16);
+  const std::vector<uint16_t> want_h = {0x3C00, 0x7BFF, 0x7BFF, 0x7C00, 0x0001, 0x0000, 0x0002, 0xC100, 0x2E66, 0xFC00};
+  for (size_t i = 0; i < want_h.size(); ++i) EXPECT_EQ(h[i], want_h[i]) << i;
+  EXPECT_EQ(h.back() & 0x7C00, 0x7C00);
+  EXPECT_NE(h.back() & 0x3FF, 0);
+  // fp8 e4m3fn saturates at +-448 (infinities too); e5m2 overflows to inf.
+  const std::vector<float> y = {1.0f, 448.0f, 500.0f, inf, -inf, nan, 0x1p-9f, 0x1p-10f, 3 * 0x1p-10f, -2.5f,
+                                57344.0f, 61439.0f, 61440.0f, 0x1p-16f};
+  auto e4 = copy_as<uint8_t>(y, nk::F32, nk::F8E4M3);
+  const std::vector<uint8_t> want_e4 = {0x38, 0x7E, 0x7E, 0x7E, 0xFE, 0x7F, 0x01, 0x00, 0x02, 0xC2, 0x7E, 0x7E, 0x7E,
+                                        0x00};
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(e4[i], want_e4[i]) << i;
+  auto e5 = copy_as<uint8_t>(y, nk::F32, nk::F8E5M2);
+  const std::vector<uint8_t> want_e5 = {0x3C, 0x5F, 0x60, 0x7C, 0xFC, 0x7F, 0x18, 0x14, 0x1A, 0xC1, 0x7B, 0x7B, 0x7C,
+                                        0x01};
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(e5[i], want_e5[i]) << i;
+  // Loads are exact: every fp8 value back to fp32 and to fp8 again.
+  std::vector<uint8_t> all(256);
+  for (int i = 0; i < 256; ++i) all[i] = uint8_t(i);
+  for (int64_t f8 : {int64_t(nk::F8E4M3), int64_t(nk::F8E5M2)}) {
+    auto back = copy_as<uint8_t>(copy_as<float>(all, f8, nk::F32), nk::F32, f8);
+    for (int i = 0; i < 256; ++i) {
+      const bool is_nan = f8 == nk::F8E4M3 ? (i & 0x7F) == 0x7F : (i & 0x7F) > 0x7C;
+      EXPECT_EQ(back[i], is_nan ? (i & 0x80) | 0x7F : i) << f8 << " " << i;
+    }
+  }
+  // Integers: round half to even, then int32 truncation (INT32_MIN out of
+  // range or NaN) and the low bits for narrower types.
+  const std::vector<float> z = {2.5f, 3.5f, -2.5f, 300.0f, nan, 1e10f, -2147483648.0f, 2147483520.0f};
+  auto i32 = copy_as<int32_t>(z, nk::F32, nk::I32);
+  const std::vector<int32_t> want_i32 = {2, 4, -2, 300, INT32_MIN, INT32_MIN, INT32_MIN, 2147483520};
+  for (size_t i = 0; i < z.size(); ++i) EXPECT_EQ(i32[i], want_i32[i]) << i;
+  auto i8 = copy_as<int8_t>(z, nk::F32, nk::I8);
+  const std::vector<int8_t> want_i8 = {2, 4, -2, 44, 0, 0, 0, -128};
+  for (size_t i = 0; i < z.size(); ++i) EXPECT_EQ(i8[i], want_i8[i]) << i;
+}
+
+TEST(NkiExecutor, IntegerCopiesDoNotRoundThroughFp32) {
+  // int32 -> int32 keeps every bit; int32 -> int8/uint16 wraps; int32 -> fp32 rounds.
+  const std::vector<int32_t> x = {16777217, 300, -1, 70000};
+  EXPECT_EQ((copy_as<int32_t>(x, nk::I32, nk::I32)), x);
+  EXPECT_EQ((copy_as<int8_t>(x, nk::I32, nk::I8)), (std::vector<int8_t>{1, 44, -1, 112}));
+  EXPECT_EQ((copy_as<uint16_t>(x, nk::I32, nk::U16)), (std::vector<uint16_t>{1, 300, 65535, 4464}));
+  EXPECT_EQ((copy_as<float>(x, nk::I32, nk::F32)), (std::vector<float>{16777216.0f, 300.0f, -1.0f, 70000.0f}));
+}
+
+TEST(NkiExecutor, TransposedCopyRunsWhole) {
+  // dst[4, 3] = src[3, 4]^T through a permuted view of the source (a record
+  // that mixes partitions: one thread runs it whole).
+  Table t;
+  int64_t* w = t.add({nk::OP_COPY}, {rows(1, 4, 3), {0, 0, {4, 3}, {1, 4}}});
+  w[nk::kWholeWord] = 1;
+  nk::Program prog(t.words, t.imms, {{nk::F32, 12, -1}, {nk::BF16, 12, -1}}, 0, "transpose");
+  auto src = input(12);
+  std::vector<uint16_t> out(12);
+  nk::execute(prog, {src.data(), out.data()}, 2);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(out[r * 3 + c], to_bf16(src[c * 4 + r])) << r << "," << c;
 }

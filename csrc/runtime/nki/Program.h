@@ -25,9 +25,19 @@ constexpr int kRecord = kHeader + kMaxViews * kViewWords;
 constexpr int kPartitions = 128;
 constexpr int64_t kStreamBytes = int64_t(8) << 20;
 
-enum DType : int64_t { F32 = 0, BF16 = 1, kNumDTypes };
+// Element types of buffers. Rows compute in fp32: a load converts to fp32
+// and a store converts back (Kernels.inc: to_f32 / from_f32), with torch's
+// conversion rules, so the interpreter's `.to(float32)` and `copy_` agree.
+enum DType : int64_t {
+  F32 = 0, BF16 = 1, F16 = 2, F8E4M3 = 3,  // F8E4M3: torch.float8_e4m3fn (no infinities)
+  F8E5M2 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8, U16 = 9, kNumDTypes
+};
 
-inline int64_t itemsize(int64_t dtype) { return dtype == F32 ? 4 : 2; }
+inline int64_t itemsize(int64_t dtype) {
+  constexpr int64_t sizes[kNumDTypes] = {4, 2, 2, 1, 1, 4, 2, 1, 1, 2};
+  return sizes[dtype];
+}
+inline bool is_integral(int64_t dtype) { return dtype >= I32; }
 
 enum Opcode : int64_t {
   OP_FILL = 0,  // dst view <- value
