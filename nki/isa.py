@@ -118,7 +118,8 @@ def dma_transpose(dst, src, axes=None, name=None, **kw):
     want = tuple(src.shape[a] for a in axes)
     if tuple(dst.shape) != want:
         fail(instr, "dst", f"shape {list(dst.shape)} is not src {list(src.shape)} permuted by {axes}")
-    _trace.record(instr, lambda env: env.write(dst, env.view(src).permute(axes)), dst, src)
+    _trace.record(instr, lambda env: env.write(dst, env.view(src).permute(axes)), dst, src,
+                  ir=("transpose", {"dst": dst, "src": src, "axes": axes}))
 
 
 # -- Tensor Engine ---------------------------------------------------------
@@ -202,7 +203,8 @@ def nc_transpose(dst, data, engine=None, name=None, **kw):
     if not on_vector:
         _checks.tile(instr, "data", data, _checks.SBUF)
         _checks.tile(instr, "dst", dst, _checks.PSUM)
-    _trace.record(instr, lambda env: env.write(dst, env.view(data).t()), dst, data)
+    _trace.record(instr, lambda env: env.write(dst, env.view(data).t()), dst, data,
+                  ir=("transpose", {"dst": dst, "src": data, "axes": (1, 0)}))
 
 
 # -- Vector / Scalar engines -----------------------------------------------

@@ -223,7 +223,8 @@ def load_transpose2d(src, dtype=None, **kw):
         fail(instr, "src", f"expected a 2-D tensor, got {list(src.shape)}")
     _checks.partitions(instr, "src", src.shape[1])
     out = _result((src.shape[1], src.shape[0]), dtype or src.dtype)
-    _trace.record(instr, lambda env: env.write(out, env.view(src).t()), out, src)
+    _trace.record(instr, lambda env: env.write(out, env.view(src).t()), out, src,
+                  ir=("transpose", {"dst": out, "src": src, "axes": (1, 0)}))
     return out
 
 
@@ -318,7 +319,10 @@ def matmul(x, y, transpose_x=False, **kw):
     def run(env):
         a = env.f32(x)
         env.write(out, (a if transpose_x else a.t()).t() @ env.f32(y))
-    _trace.record(instr, run, out, x, y)
+    # Natively: nc_matmul's record (stationary [K, M]: x itself, or x [M, K]
+    # seen transposed), overwriting the fresh PSUM tile.
+    _trace.record(instr, run, out, x, y, ir=("matmul", {"dst": out, "stationary": x, "moving": y, "accumulate": False,
+                                                         "transpose_stationary": not transpose_x}))
     return out
 
 
@@ -329,7 +333,8 @@ def transpose(x, dtype=None, **kw):
         fail(instr, "x", f"expected a 2-D tile, got {list(x.shape)}")
     _checks.partitions(instr, "x (free size)", x.shape[1])
     out = _result((x.shape[1], x.shape[0]), dtype or x.dtype)
-    _trace.record(instr, lambda env: env.write(out, env.view(x).t()), out, x)
+    _trace.record(instr, lambda env: env.write(out, env.view(x).t()), out, x,
+                  ir=("transpose", {"dst": out, "src": x, "axes": (1, 0)}))
     return out
 
 

@@ -575,3 +575,114 @@ def test_native_fp16_acceptance_kernels(dtype, monkeypatch):
     nat = K.rmsnorm_wide(xn, wn, 1e-6)
     monkeypatch.setenv("NKI_EXECUTOR", "interpreter")
     _identical(torch.from_numpy(nat), torch.from_numpy(K.rmsnorm_wide(xn, wn, 1e-6)))
+
+
+# -- transposes and nl.matmul ---------------------------------------------------
+@nki.jit
+def _transposes(x, wide):
+    """Partition-local stretches around transposes that mix partitions:
+    nc_transpose on the Tensor Engine (SBUF -> PSUM) and on the Vector
+    Engine (32x32, within one tile), nl.transpose, load_transpose2d and
+    dma_transpose (SBUF -> HBM). ``wide`` rows make the executor's row
+    blocks smaller than a tile (1024 fp32: 32 rows)."""
+    P, F = x.shape
+    out_w = nl.ndarray(wide.shape, dtype=wide.dtype, buffer=nl.shared_hbm)
+    tw = nl.load(wide)
+    nisa.tensor_scalar(dst=tw, data=tw, op0=nl.multiply, operand0=3.0)
+    nisa.dma_copy(dst=out_w, src=tw)
+    out = nl.ndarray((F, P), dtype=x.dtype, buffer=nl.shared_hbm)
+    out_t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    out_v = nl.ndarray((32, 64), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    a = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=a, data=t, op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=t[:, 0:1])
+    pt = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=pt, data=a)
+    b = nl.ndarray((F, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=b, data=pt, op0=nl.add, operand0=1.0)
+    c = nl.transpose(b)                  # [P, F] fp32
+    d = nl.transpose(c, dtype=x.dtype)   # [F, P]
+    nisa.tensor_tensor(dst=d, data1=d, data2=b, op=nl.multiply)
+    nisa.dma_copy(dst=out, src=d)
+    e = nl.load_transpose2d(x)           # [F, P] straight from HBM
+    nisa.dma_transpose(dst=out_t, src=e, axes=(1, 0))  # and back, into HBM: x itself
+    v = nl.ndarray((32, 64), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=v[:, 0:32], src=t[0:32, 0:32])
+    nisa.nc_transpose(dst=v[:, 32:64], data=v[:, 0:32], engine=nisa.engine.vector)  # within one tile
+    nisa.dma_copy(dst=out_v, src=v)
+    # A column [P, 1] to a row [1, P]: its one destination partition reads all of them.
+    col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=col, op=nl.maximum, data=a, axis=1, keepdims=True)
+    prow = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=prow, data=col)
+    row = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=row, data=prow, op0=nl.add, operand0=0.5)
+    out_r = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out_r, src=row)
+    return out, out_t, out_v, out_w, out_r
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_native_transposes(dtype, threads, monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(128, 96, generator=g).to(dtype)
+    wide = torch.randn(128, 1024, generator=g)
+    nat = _native.plan(_transposes.trace((x, wide)), True)
+    assert nat.prog.max_free == 1024
+    words = nat.words.reshape(nat.ninstr, -1)
+    whole = words[:, 13].tolist()
+    copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and whole[i]]
+    assert len(copies) >= 5 and whole[0] == 0 and whole[-1] == 0  # transposes run whole, between local runs
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        monkeypatch.setenv("NKI_EXECUTOR", "native")
+        outs = _transposes(x.to("neuron"), wide.to("neuron"))
+        refs = _run("interpreter", _transposes, x.to("neuron"), wide.to("neuron"), monkeypatch=monkeypatch)
+    finally:
+        torch.set_num_threads(old)
+    for o, r in zip(outs, refs):
+        _identical(o, r)
+    xf = x.float()
+    a = (xf * 2 + xf[:, 0:1]).to(dtype).float()
+    b = a.t() + 1
+    assert torch.equal(outs[0].cpu(), (b.to(dtype).float() * b).to(dtype))
+    assert torch.equal(outs[1].cpu(), x)
+    assert torch.equal(outs[2].cpu(), torch.cat([x[:32, :32], x[:32, :32].t()], 1))
+    assert torch.equal(outs[3].cpu(), wide * 3)
+    assert torch.equal(outs[4].cpu(), a.amax(1)[None] + 0.5)
+
+
+@nki.jit
+def _nl_matmul(x, xt, y):
+    """nl.matmul with x as [M, K] (seen transposed by the lowering) and as
+    [K, M] (transpose_x=True)."""
+    M, Kd = x.shape
+    N = y.shape[1]
+    out = nl.ndarray((2, M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    tx, txt, ty = nl.load(x), nl.load(xt), nl.load(y)
+    for k, p in enumerate((nl.matmul(tx, ty), nl.matmul(txt, ty, transpose_x=True))):
+        r = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=r, src=p)
+        nisa.dma_copy(dst=out[k], src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_nl_matmul(dtype, monkeypatch):
+    # Lowered to nc_matmul's record: within the matmul tolerance of docs/nki.md.
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(96, 128, generator=g).to(dtype), torch.randn(128, 200, generator=g).to(dtype)
+    xt = x.t().contiguous()
+    nat = _native.plan(_nl_matmul.trace((x, xt, y)), True)
+    assert (nat.words.reshape(nat.ninstr, -1)[:, 0] == _native.OP_MM).sum() == 2
+    args = [t.to("neuron") for t in (x, xt, y)]
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = _nl_matmul(*args)
+    ref = _run("interpreter", _nl_matmul, *args, monkeypatch=monkeypatch)
+    _close(out, ref, rtol=1e-5, atol=1e-5)
+    want = x.float() @ y.float()
+    assert_same(out[0], want, atol=1e-4, rtol=1e-4)
+    assert_same(out[1], want, atol=1e-4, rtol=1e-4)
