@@ -147,10 +147,11 @@ def test_native_aliasing(monkeypatch):
     _both(_aliasing, torch.randn(16, 40), monkeypatch=monkeypatch)
 
 
-def test_native_precise_fp_off(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_native_precise_fp_off(dtype, monkeypatch):
     monkeypatch.setenv("NKI_PRECISE_FP", "0")
-    x = torch.randn(200, 96).to(torch.bfloat16)
-    w = torch.randn(1, 96).to(torch.bfloat16)
+    x = torch.randn(200, 96).to(dtype)
+    w = torch.randn(1, 96).to(dtype)
     _both(K.rmsnorm_wide, x, w, 1e-6, monkeypatch=monkeypatch)
 
 
@@ -686,3 +687,132 @@ def test_native_nl_matmul(dtype, monkeypatch):
     want = x.float() @ y.float()
     assert_same(out[0], want, atol=1e-4, rtol=1e-4)
     assert_same(out[1], want, atol=1e-4, rtol=1e-4)
+
+
+# -- integer tiles ----------------------------------------------------------------
+@nki.jit
+def _int_ops(x, y, big):
+    """Integer tiles through the engines, which compute in fp32: elementwise,
+    per-partition operands, an activation with a reduction, a reduce, a
+    memset and a shifted copy. Stores round half to even, then convert as
+    torch's copy_ (x86: int32 truncation, then the low bits)."""
+    P, F = x.shape
+    out = nl.ndarray((P, 8 * F + 2), dtype=x.dtype, buffer=nl.shared_hbm)
+    tx, ty = nl.load(x), nl.load(y)
+    r = nl.ndarray((P, 8 * F + 2), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=r[:, 0:F], data1=tx, data2=ty, op=nl.add)
+    nisa.tensor_tensor(dst=r[:, F:2 * F], data1=tx, data2=ty, op=nl.multiply)
+    nisa.tensor_tensor(dst=r[:, 2 * F:3 * F], data1=tx, data2=ty, op=nl.divide)  # / 0: inf, NaN
+    nisa.tensor_tensor(dst=r[:, 3 * F:4 * F], data1=tx, data2=ty, op=nl.greater_equal)
+    nisa.tensor_scalar(dst=r[:, 4 * F:5 * F], data=tx, op0=nl.multiply, operand0=0.5, op1=nl.subtract,
+                       operand1=ty[:, 0:1], reverse1=True)
+    nisa.scalar_tensor_tensor(dst=r[:, 5 * F:6 * F], data=tx, op0=nl.maximum, operand0=-3, op1=nl.minimum,
+                              operand1=ty)
+    nisa.activation(dst=r[:, 6 * F:7 * F], op=nl.abs, data=tx, scale=1.5, bias=ty[:, 1:2], reduce_op=nl.add,
+                    reduce_res=r[:, 8 * F:8 * F + 1])
+    nisa.tensor_reduce(dst=r[:, 8 * F + 1:], op=nl.maximum, data=tx, axis=1, keepdims=True)
+    nisa.memset(dst=r[:, 7 * F:7 * F + 1], value=big)
+    nisa.tensor_copy(dst=r[:, 7 * F + 1:8 * F], src=tx[:, 1:F])
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+_INTS = [torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16]
+
+
+def _int_inputs(dtype, P=128, F=40, seed=6):
+    g = torch.Generator().manual_seed(seed)
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -(2**30)), min(info.max, 2**30)
+    x = torch.randint(lo, hi + 1, (P, F), generator=g, dtype=torch.int64)
+    x[:, :4] = torch.tensor([info.min, info.max, 0, 1])  # the extremes (int32: past fp32's 2^24)
+    y = torch.randint(max(lo, -9), min(hi, 9) + 1, (P, F), generator=g, dtype=torch.int64)
+    return x.to(dtype), y.to(dtype), info.max
+
+
+@pytest.mark.parametrize("dtype", _INTS)
+def test_native_integer_tiles(dtype, monkeypatch):
+    x, y, big = _int_inputs(dtype)
+    out = _both(_int_ops, x.to("neuron"), y.to("neuron"), big, monkeypatch=monkeypatch)
+    out = out.cpu()
+    F = x.shape[1]
+    xf, yf = x.double(), y.double()
+
+    def stored(v):  # what an integer store makes of fp32 values
+        v = torch.round(v.float())
+        return torch.empty(v.shape, dtype=dtype).copy_(v)
+    assert torch.equal(out[:, 0:F], stored(xf.float() + yf.float()))
+    assert torch.equal(out[:, 2 * F:3 * F], stored(xf.float() / yf.float()))
+    assert torch.equal(out[:, 3 * F:4 * F], (x.long() >= y.long()).to(dtype))
+    assert torch.equal(out[:, 7 * F], torch.full((x.shape[0],), big, dtype=dtype))  # memset is exact
+    assert torch.equal(out[:, 7 * F + 1:8 * F], x[:, 1:])  # integer copies keep every bit
+
+
+@nki.jit
+def _int_copies(x, f):
+    """Copies between integer tiles (torch's integer conversions: wrapping),
+    integer -> float tiles and float -> integer tiles (round half to even;
+    NaN, inf and out-of-range values as torch converts them)."""
+    P, F = x.shape
+    outs = []
+    tx, tf = nl.load(x), nl.load(f)
+    for src, dts in ((tx, (nl.int8, nl.uint8, nl.int16, nl.uint16, nl.float32, nl.bfloat16, nl.float16)),
+                     (tf, (nl.int32, nl.int16, nl.int8, nl.uint8, nl.uint16))):
+        for dt in dts:
+            t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=t, src=src)
+            o = nl.ndarray((P, F), dtype=dt, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=o, src=t)
+            outs.append(o)
+    back = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=back, src=outs[0])  # int8 HBM -> int32: sign extension
+    o = nl.ndarray((P, F), dtype=nl.int32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=o, src=back)
+    outs.append(o)
+    return tuple(outs)
+
+
+def test_native_integer_conversions(monkeypatch):
+    x, _y, _big = _int_inputs(torch.int32, F=64)
+    x[:, 4:8] = torch.tensor([2**24 + 1, 2**24 + 2**16 + 1, -(2**31), 70000])
+    f = torch.randn(128, 64) * 10**torch.randint(0, 11, (128, 64)).float()
+    f[:, :12] = torch.tensor([0.5, 1.5, 2.5, -2.5, float("nan"), float("inf"), -float("inf"), 2**31, -(2**31),
+                              2147483520.0, 300.0, -129.5])
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    outs = _int_copies(x.to("neuron"), f.to("neuron"))
+    refs = _run("interpreter", _int_copies, x.to("neuron"), f.to("neuron"), monkeypatch=monkeypatch)
+    for o, r in zip(outs, refs):
+        _identical(o, r)
+    want = [x.to(d) for d in (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.float32, torch.bfloat16,
+                              torch.float16)]
+    want += [torch.round(f).to(d) for d in (torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16)]
+    want.append(x.to(torch.int8).to(torch.int32))
+    for o, w in zip(outs, want):
+        _identical(o.cpu(), w)
+
+
+@nki.jit
+def _int_partial(x):
+    """The integer sentinel (4) of a half-written tile, through an add."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, :F // 2], src=x[:, :F // 2])
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_native_integer_sentinel_and_numpy(monkeypatch):
+    x = torch.randint(-100, 100, (16, 64), dtype=torch.int32)
+    out = _both(_int_partial, x, monkeypatch=monkeypatch)
+    assert torch.equal(out[:, :32], x[:, :32] + 1) and (out[:, 32:] == 5).all()
+    # NumPy int32 arrays run in place; the acceptance add kernel on neuron too.
+    a = torch.randint(-(2**30), 2**30, (128, 512), dtype=torch.int32)
+    b = torch.randint(-(2**30), 2**30, (128, 512), dtype=torch.int32)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    nat = K.tensor_add(a.numpy(), b.numpy())
+    monkeypatch.setenv("NKI_EXECUTOR", "interpreter")
+    assert (nat == K.tensor_add(a.numpy(), b.numpy())).all()
+    out = _both(K.tensor_add, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
+    assert torch.equal(out.cpu(), torch.round(a.float() + b.float()).to(torch.int32))  # through fp32
