@@ -426,6 +426,19 @@ def test_native_kernel_builds_agree(isa):
                 out = kernel(*args)
                 os.environ["NKI_EXECUTOR"] = "interpreter"
                 T._identical(out, kernel(*args))
+        # fp16, fp8 and integer tiles (conversions on load and store), transposes.
+        e = T._float_edges()
+        wide = torch.randn(128, 1024, generator=g)
+        cases = [(T._convert, (e, dt)) for dt in (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)]
+        cases += [(T._int_ops, T._int_inputs(dt)) for dt in T._INTS]
+        cases += [(T._transposes, (torch.randn(128, 96, generator=g).to(torch.float16), wide))]
+        for kernel, args in cases:
+            os.environ["NKI_EXECUTOR"] = "native"
+            out = kernel(*args)
+            os.environ["NKI_EXECUTOR"] = "interpreter"
+            ref = kernel(*args)
+            for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+                T._same_bits(o, r) if o.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else T._identical(o, r)
     """ % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})
 
 
