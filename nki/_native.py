@@ -398,6 +398,10 @@ class NativeProgram:
         for ins in instrs:
             if ins.ir is None:
                 raise Unsupported(ins.name)
+            # A dtype view (NkiTensor.view) is a Storage sharing the id of the one
+            # it reinterprets, not listed in program.storages: found only here.
+            if any(getattr(t.storage, "reinterpret_of", None) is not None for t in ins.tensors):
+                raise Unsupported("dtype-reinterpreting views")
         first, last = {}, {}
         for i, ins in enumerate(instrs):
             for t in ins.tensors:

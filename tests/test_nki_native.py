@@ -829,3 +829,24 @@ def test_native_integer_sentinel_and_numpy(monkeypatch):
     assert (nat == K.tensor_add(a.numpy(), b.numpy())).all()
     out = _both(K.tensor_add, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
     assert torch.equal(out.cpu(), torch.round(a.float() + b.float()).to(torch.int32))  # through fp32
+
+
+@nki.jit
+def _reinterpret(x):
+    """A float tile read through an int32 view (NkiTensor.view): bits, not values."""
+    out = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t.view(nl.int32))
+    return out
+
+
+def test_native_leaves_dtype_views_to_the_interpreter(monkeypatch):
+    # The executor converts values between dtypes; a view that reinterprets
+    # bits is not covered (the view's storage is not among the program's).
+    x = torch.randn(16, 32)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    with pytest.raises(nki.NKIError, match="dtype-reinterpreting"):
+        _reinterpret(x)
+    out = _run("auto", _reinterpret, x.to("neuron"), monkeypatch=monkeypatch)
+    assert_same(out, x.view(torch.int32))
