@@ -850,3 +850,41 @@ def test_native_leaves_dtype_views_to_the_interpreter(monkeypatch):
         _reinterpret(x)
     out = _run("auto", _reinterpret, x.to("neuron"), monkeypatch=monkeypatch)
     assert_same(out, x.view(torch.int32))
+
+
+@nki.jit
+def _memset_value(x, value):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(t, value)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@nki.jit
+def _fp8_to_int(x):
+    out = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    u = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=u, src=nl.load(x))
+    nisa.dma_copy(dst=out, src=u)
+    return out
+
+
+def test_native_leaves_interpreter_errors_to_the_interpreter(monkeypatch):
+    # Where the interpreter raises (a memset value the dtype cannot hold, fp8
+    # rounded to an integer), the executor does not cover the kernel, so
+    # `auto` raises the interpreter's error instead of computing something.
+    for kernel, args, native_msg, msg in (
+            (_memset_value, (torch.zeros(4, 8, dtype=torch.int8), 300), "memset: value cannot be converted",
+             "memset: failed while executing: value cannot be converted"),
+            (_fp8_to_int, (torch.ones(4, 8).to(torch.float8_e4m3fn),), "fp8 -> integer copy", "round")):
+        monkeypatch.setenv("NKI_EXECUTOR", "native")
+        with pytest.raises(nki.NKIError, match=native_msg):
+            kernel(*args)
+        monkeypatch.setenv("NKI_EXECUTOR", "auto")
+        with pytest.raises(nki.NKIError, match=msg):
+            kernel(*args)
+    out = _both(_memset_value, torch.zeros(4, 8, dtype=torch.int16), 300, monkeypatch=monkeypatch)
+    assert (out == 300).all()
+    out = _both(_memset_value, torch.zeros(4, 8, dtype=torch.int32), 2**24 + 1, monkeypatch=monkeypatch)
+    assert (out == 2**24 + 1).all()  # not through fp32
