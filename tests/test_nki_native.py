@@ -1,7 +1,9 @@
 """The native NKI executor (csrc/runtime/nki, lowered by nki/_native.py) against the
 interpreter it replaces: identical outputs (bit for bit, NaNs included) on
 the acceptance kernels, torch's summation order reproduced, the NaN
-sentinel of fresh tiles, aliasing, threads, and NKI_EXECUTOR; matmuls and
+sentinel of fresh tiles, aliasing, threads, and NKI_EXECUTOR; fp16, fp8 and
+integer tiles (torch's conversions on store), transposes; matmuls (nc_matmul,
+nl.matmul) and
 transcendental activations within the tolerance docs/nki.md states; the
 runtime launch and its checks of the record table."""
 import os
