@@ -333,6 +333,33 @@ def test_generated_code_launches_kernels_on_the_runtime():
     assert re.search(r"(cpp_fused\w+)\(arg0_1, .*'\1'\)", code), code
 
 
+def _kernel_calls(code):
+    # The wrapper's kernel and extern calls, with buffer numbers and neuron's
+    # trailing kernel-name argument left out.
+    calls = re.findall(r"^\s*((?:cpp_fused\w+|extern_kernels\.\w+)\(.*\))$", code, re.M)
+    return [re.sub(r"buf\d+", "buf", re.sub(r", '\w+'\)$", ")", c)) for c in calls]
+
+
+def test_cat_lowers_as_on_cpu():
+    # Inductor's C++ backend does not vectorize pointwise cats, so Inductor
+    # lowers CPU cats to ConcatKernels; neuron's kernels come from that
+    # backend and follow the same rule (torch_neuronx/_inductor_cat.py).
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    def fn(a, b):
+        return torch.cat([a * 2, F.gelu(b, approximate="tanh")], dim=-1).relu()
+
+    a, b = torch.randn(16, 32), torch.randn(16, 96)
+    codes = {}
+    with fresh_cache():
+        for dev in ("cpu", DEV):
+            torch._dynamo.reset()
+            out, (codes[dev],) = run_and_get_code(torch.compile(fn), a.to(dev), b.to(dev))
+            torch.testing.assert_close(out.cpu(), fn(a, b))
+    assert _kernel_calls(codes[DEV]) == _kernel_calls(codes["cpu"]), (codes["cpu"], codes[DEV])
+    assert "std::tanh" not in codes[DEV]
+
+
 def test_compiled_random_ops_leave_cpu_generator_alone():
     torch._dynamo.reset()
     fn = torch.compile(lambda x: torch.rand_like(x) + x)

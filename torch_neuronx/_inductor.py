@@ -362,7 +362,7 @@ def launched(call, device_index: int, name: str):
 
 class _CodegenVersion(CustomGraphModulePass):
     """Keys Inductor's caches (FX graph, AOTAutograd) on this file, the
-    kernel bindings, the flex and SDPA lowerings and the AOTI device header: the code
+    kernel bindings, the flex, SDPA and cat lowerings and the AOTI device header: the code
     generated for neuron graphs depends on them.
     Registered as neuron's post-grad pass; it changes nothing in the graph."""
 
@@ -371,10 +371,10 @@ class _CodegenVersion(CustomGraphModulePass):
 
     @functools.cache
     def uuid(self) -> bytes:
-        from . import _inductor_attention, _inductor_flex
+        from . import _inductor_attention, _inductor_cat, _inductor_flex
 
         return get_hash_for_files((__file__, _inductor_kernels.__file__, _inductor_flex.__file__,
-                                   _inductor_attention.__file__, _AOTI_HEADER))
+                                   _inductor_attention.__file__, _inductor_cat.__file__, _AOTI_HEADER))
 
 
 @functools.cache
@@ -404,6 +404,10 @@ def register() -> None:
     from ._inductor_attention import register as register_attention
 
     register_attention()
+    # Cats follow CPU's rule, as the C++ backend needs (torch_neuronx/_inductor_cat.py).
+    from ._inductor_cat import register as register_cat
+
+    register_cat()
 
 
 # What Inductor's init_backend_registration reads from ``torch.neuron`` (its
