@@ -14,7 +14,7 @@ bookkeeping, the caching allocator. This script measures it on two kinds of work
 
 Goals (ratio = neuron median time / CPU median time):
 
-* small-op latency ratio <= 1.2  (per-op overhead at most 20% above a plain CPU op)
+* small-op latency ratio <= 1.15 (per-op overhead at most 15% above a plain CPU op; issue 9)
 * compute-bound ratio ~= 1.0     (no slowdown beyond noise; flagged if > 1.1)
 
 The ``+us`` column is the absolute per-call difference (neuron - CPU). A compute ratio
@@ -25,8 +25,8 @@ step (the MLP step takes ~4800 minor faults per iteration on CPU, ~0 on neuron).
 
 Method: each case is timed on both devices with ``time.perf_counter`` after ``--warmup``
 untimed calls; a sample runs the op ``inner`` times back-to-back followed by
-``torch.neuron.synchronize()`` (the host runtime executes launches synchronously, but
-the sync keeps the measurement honest), and the median over ``--samples`` samples is
+``torch.neuron.synchronize()`` (launches are queued on the stream, or run at once on an
+idle one; the sync waits for all of them), and the median over ``--samples`` samples is
 reported per op call. The devices are measured in alternating rounds so that drift on a
 shared machine affects both equally. Both run with the same ``torch.get_num_threads()``
 (``--threads``; default 1 for a low-noise comparison on shared machines).
@@ -51,7 +51,7 @@ from typing import Callable
 
 import torch
 
-SMALL_GOAL = 1.2
+SMALL_GOAL = 1.15
 COMPUTE_GOAL = 1.0
 COMPUTE_TOLERANCE = 1.1  # "~1.0": flagged above this
 
