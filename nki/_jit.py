@@ -20,8 +20,14 @@ _ARG_BUFFER = shared_hbm  # kernel arguments live in (shared) HBM
 
 
 def _is_fake(t):
+    if t.device.type == "meta":
+        return True
+    # A plain tensor that wraps nothing is the common case; is_fake's
+    # traversal of wrapper subclasses costs microseconds per call.
+    if type(t) is torch.Tensor and not torch._is_functional_tensor(t):
+        return False
     from torch._subclasses.fake_tensor import is_fake
-    return t.device.type == "meta" or is_fake(t)
+    return is_fake(t)
 
 
 def _precise():
@@ -49,6 +55,14 @@ def _constant_key(name, v):
     return (type(v).__name__, v)
 
 
+class _Bound:
+    """The ``arguments`` of a call bound without inspect (Kernel._bind)."""
+    __slots__ = ("arguments",)
+
+    def __init__(self, arguments):
+        self.arguments = arguments
+
+
 class Kernel:
     """A jitted kernel; ``kernel[grid](...)`` launches an SPMD grid."""
 
@@ -58,6 +72,11 @@ class Kernel:
         self.options = options or {}
         self._cache = {} if cache is None else cache
         self._sig = inspect.signature(fn)
+        # Names of a signature of plain positional parameters: a call with
+        # exactly that many positional arguments binds without inspect.
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = list(self._sig.parameters.values())
+        self._plain = tuple(p.name for p in params) if all(p.kind in kinds for p in params) else None
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
@@ -75,6 +94,8 @@ class Kernel:
 
     # -- specialisation --------------------------------------------------------
     def _bind(self, args, kwargs):
+        if not kwargs and self._plain is not None and len(args) == len(self._plain):
+            return _Bound(dict(zip(self._plain, args)))
         try:
             bound = self._sig.bind(*args, **kwargs)
         except TypeError as e:
@@ -223,17 +244,23 @@ def _run_numpy(program, arrays):
 
 
 def _output_storages(program):
-    seen = {}
-    for t in program.outputs():
-        seen[t.storage.id] = t.storage
-    return list(seen.values())
+    cached = program.__dict__.get("_output_storages")  # a traced program does not change
+    if cached is None:
+        seen = {}
+        for t in program.outputs():
+            seen[t.storage.id] = t.storage
+        cached = program.__dict__["_output_storages"] = list(seen.values())
+    return cached
 
 
 def _bind_storages(program, args, outs):
+    arg_storages = program.__dict__.get("_arg_storages")
+    if arg_storages is None:
+        arg_storages = program.__dict__["_arg_storages"] = [
+            (st.id, st.arg) for st in program.storages.values() if st.arg is not None]
     bound = {}
-    for st in program.storages.values():
-        if st.arg is not None:
-            bound[st.id] = args[st.arg].reshape(-1)
+    for sid, arg in arg_storages:
+        bound[sid] = args[arg].reshape(-1)
     for sid, t in outs.items():
         bound[sid] = t.reshape(-1)
     return bound

@@ -694,6 +694,30 @@ def test_positional_only_and_default_arguments():
         k(x, (x,))
 
 
+def test_positional_and_keyword_calls_share_one_specialisation():
+    """A call of only positional arguments binds without inspect (the
+    per-call fast path); keywords, too many arguments and too few still go
+    through the signature, and every form names the same specialisation."""
+    @nki.jit
+    def k(x, scale):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x) * scale)
+        return out
+
+    x = torch.randn(8, 8)
+    xn = x.to("neuron")
+    assert_same(k(xn, 3.0), x * 3)
+    assert_same(k(xn, scale=3.0), x * 3)
+    assert_same(k(x=xn, scale=3.0), x * 3)
+    assert len(k._cache) == 1
+    assert_same(k(xn, 0.5), x * 0.5)
+    assert len(k._cache) == 2
+    with pytest.raises(nki.NKIError, match="too many positional arguments"):
+        k(xn, 3.0, 4.0)
+    with pytest.raises(nki.NKIError, match="missing a required argument"):
+        k(xn)
+
+
 def test_spmd_ids():
     @nki.jit
     def ids(x):

@@ -11,6 +11,7 @@
 #include "csrc/runtime/Error.h"
 #include "csrc/runtime/Runtime.h"
 #include "csrc/runtime/nki/Executor.h"
+#include "csrc/runtime/nki/Kernels.h"
 #include "csrc/runtime/nki/Program.h"
 
 namespace nk = neuronrt::nki;
@@ -314,4 +315,28 @@ TEST(NkiExecutor, TransposedCopyRunsWhole) {
   nk::execute(prog, {src.data(), out.data()}, 2);
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < 3; ++c) EXPECT_EQ(out[r * 3 + c], to_bf16(src[c * 4 + r])) << r << "," << c;
+}
+
+// The next step's HBM rows are fetched in step with the streamed stores:
+// every line of every planned row once, spread over the planned bytes, and
+// nothing past the last row.
+TEST(NkiExecutor, PrefetchCoversThePlannedRowsOnce) {
+  alignas(64) static char hbm[8 * 4096 + 4096];
+  neuronrt::nki::detail::Prefetch pf;
+  pf.ranges[0] = {hbm, 4096, 4096};           // whole aligned rows: 64 lines each
+  pf.ranges[1] = {hbm + 8 + 8 * 4096, 0, 100};  // 100 bytes from byte 8 of a line: 2 lines
+  pf.nranges = 2;
+  const int64_t rows = 4, fetch = rows * (4096 + 164), streamed = rows * 4096;
+  pf.start(3, 3 + rows, fetch, streamed);
+  pf.streamed(streamed / 2);
+  EXPECT_GE(pf.issued, rows * 66 / 2 - 1);
+  EXPECT_LE(pf.issued, rows * 66 / 2 + 3);
+  pf.streamed(streamed / 2);
+  EXPECT_EQ(pf.issued, rows * 66);
+  EXPECT_EQ(pf.next, nullptr);
+  pf.streamed(streamed);  // nothing left to fetch
+  EXPECT_EQ(pf.issued, rows * 66);
+  pf.clear();
+  pf.streamed(streamed);
+  EXPECT_EQ(pf.next, nullptr);
 }

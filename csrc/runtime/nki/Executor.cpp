@@ -23,6 +23,7 @@ namespace neuronrt::nki {
 namespace {
 
 using detail::Ctx;
+using detail::Prefetch;
 using detail::RunRecord;
 using detail::Scratch;
 
@@ -156,6 +157,58 @@ const char* intern(const std::string& name) {
   return names.insert("nki::" + name).first->c_str();
 }
 
+// Bytes that records [i, j) store with streaming stores on partitions [p, pe).
+int64_t streamed_bytes(const Program& prog, int64_t i, int64_t j, int64_t p, int64_t pe) {
+  int64_t bytes = 0;
+  for (int64_t k = i; k < j; ++k) {
+    const int64_t op = prog.record(k)[0];
+    if (op == OP_FILL || op == OP_NOP || op == OP_MM) continue;
+    const View& dst = prog.view(k, 0);
+    if (prog.streamed(dst.buf) && dst.run > 0)
+      bytes += std::max<int64_t>(0, std::min(pe, dst.shape[0]) - p) * dst.run * itemsize(prog.dtypes()[dst.buf]);
+  }
+  return bytes;
+}
+
+// Plans `pf`: the rows [p, pe) of what records [i, j) read from HBM (bound
+// buffers; on-chip tiles are in cache already), spread over `streamed` bytes
+// of streaming stores. A view read by several records is fetched once; a
+// partition-broadcast row (stride 0) stays in cache by itself, and a view
+// whose rows are mostly gaps is not worth its lines.
+void plan_prefetch(const Ctx& c, int64_t i, int64_t j, int64_t p, int64_t pe, int64_t streamed, Prefetch& pf) {
+  pf.clear();
+  if (streamed <= 0) return;
+  const Program& prog = *c.program;
+  int64_t fetch = 0;  // bytes per row
+  for (int64_t k = i; k < j && pf.nranges < Prefetch::kMaxRanges; ++k) {
+    const int64_t* w = prog.record(k);
+    if (w[0] == OP_FILL || w[0] == OP_NOP || w[0] == OP_MM) continue;
+    for (int slot = 1; slot < kMaxViews && pf.nranges < Prefetch::kMaxRanges; ++slot) {
+      if (w[0] == OP_ACT && slot == w[8]) continue;  // reduce_res: written
+      const View& v = prog.view(k, slot);
+      if (v.ndim < 2 || prog.buffers()[v.buf].arena_offset >= 0 || v.stride[0] <= 0) continue;
+      int64_t extent = 1, numel = 1;
+      bool ok = true;
+      for (int d = 1; d < v.ndim; ++d) {
+        ok = ok && v.shape[d] > 0 && v.stride[d] >= 0;
+        extent += (v.shape[d] - 1) * v.stride[d];
+        numel *= v.shape[d];
+      }
+      if (!ok || extent > 2 * numel + 64) continue;
+      const int64_t size = itemsize(prog.dtypes()[v.buf]);
+      const Prefetch::Range r{c.bufs[v.buf] + v.offset * size, v.stride[0] * size, extent * size};
+      bool seen = false;
+      for (int q = 0; q < pf.nranges; ++q)
+        seen = seen || (pf.ranges[q].base == r.base && pf.ranges[q].stride == r.stride && pf.ranges[q].bytes >= r.bytes);
+      if (seen) continue;
+      pf.ranges[pf.nranges++] = r;
+      pe = std::min(pe, v.shape[0]);
+      fetch += r.bytes + 64;
+    }
+  }
+  pf.start(p, pe, fetch * std::max<int64_t>(pe - p, 0), streamed);
+}
+
 // The records of thread t of nt: each thread owns a fixed range of the 128
 // partitions for every record, so partition-local records need no
 // synchronisation; the lowering marks where a barrier is needed
@@ -186,9 +239,19 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   // rows stay in L2 from one record to the next while DMA-like streams stay long.
   const int64_t block = std::max<int64_t>(1, (int64_t(128) << 10) / (4 * prog.max_free()));
   const int64_t ninstr = prog.size();
+  // The end of the stretch of partition-local records from i: up to the next
+  // whole record, barrier or loop iteration.
+  auto stretch_end = [&](int64_t i) {
+    int64_t j = i + 1;
+    while (j < ninstr && prog.record(j)[kWholeWord] == 0 && prog.record(j)[kBarrierWord] == 0 &&
+           prog.record(j)[kGroupWord] == 0)
+      ++j;
+    return j;
+  };
   for (int64_t i = 0; i < ninstr;) {
     const int64_t* w = prog.record(i);
     if (w[kWholeWord] != 0) {
+      sc.prefetch.clear();
       if (sync) sync->arrive_and_wait();
       if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
       if (sync) sync->arrive_and_wait();
@@ -202,12 +265,20 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     // in cache from one instruction to the next (the lowering guarantees no
     // record reads what another writes in a different partition, or HBM
     // another writes).
-    int64_t j = i + 1;
-    while (j < ninstr && prog.record(j)[kWholeWord] == 0 && prog.record(j)[kBarrierWord] == 0 &&
-           prog.record(j)[kGroupWord] == 0)
-      ++j;
-    for (int64_t p = lo; p < hi; p += block)
-      for (int64_t k = i; k < j; ++k) run_record(c, k, p, std::min(p + block, hi), false, sc);
+    const int64_t j = stretch_end(i);
+    // The step after a stretch's last block is the first block of the next
+    // stretch (the next loop iteration), unless that one runs whole or waits
+    // for other threads' writes at a barrier.
+    const bool ahead = j < ninstr && prog.record(j)[kWholeWord] == 0 && (!sync || prog.record(j)[kBarrierWord] == 0);
+    const int64_t after = ahead ? stretch_end(j) : j;
+    for (int64_t p = lo; p < hi; p += block) {
+      const int64_t pe = std::min(p + block, hi);
+      const int64_t out = streamed_bytes(prog, i, j, p, pe);
+      if (pe < hi) plan_prefetch(c, i, j, pe, std::min(pe + block, hi), out, sc.prefetch);
+      else if (ahead) plan_prefetch(c, j, after, lo, std::min(lo + block, hi), out, sc.prefetch);
+      else sc.prefetch.clear();
+      for (int64_t k = i; k < j; ++k) run_record(c, k, p, pe, false, sc);
+    }
     i = j;
   }
 }

@@ -28,8 +28,70 @@ struct Ctx {
   float regs[2][kPartitions];
 };
 
-// Per-thread fp32 rows (max_free elements each).
+// The HBM rows a thread's next step reads (its next block of partitions, or
+// the first block of the next stretch: the next loop iteration), fetched
+// into cache while the current step's output streams out. A streamed store
+// waits on memory writes; these reads then overlap the writes instead of
+// stalling the next step. Executor.cpp plans it per step; the streamed
+// stores (Kernels.inc) issue it, `ratio` cache lines per byte they write.
+struct Prefetch {
+  static constexpr int kMaxRanges = 8;
+  struct Range {
+    const char* base;  // row r: bytes [base + r * stride, + bytes)
+    int64_t stride, bytes;
+  };
+  Range ranges[kMaxRanges];
+  int nranges = 0, range = 0;    // `range` of row `row` is being fetched
+  int64_t row = 0, row_end = 0;  // rows left to fetch: [row, row_end)
+  const char* next = nullptr;    // its next line (nullptr: nothing left)
+  const char* end = nullptr;     // its end
+  int64_t scale = 0;             // bytes to fetch per byte streamed, x 2^16
+  int64_t credit = 0;            // bytes owed (x 2^16)
+  int64_t issued = 0;            // lines fetched since start() (tests)
+
+  void clear() { nranges = 0, next = end = nullptr, credit = 0; }
+  // Starts fetching rows [p, pe) of the ranges, `fetch` bytes over `streamed` bytes of stores.
+  void start(int64_t p, int64_t pe, int64_t fetch, int64_t streamed) {
+    row = p, row_end = pe, range = 0, credit = 0, issued = 0;
+    scale = streamed > 0 ? (fetch << 16) / streamed + 1 : 0;
+    next = end = nullptr;
+    if (nranges > 0 && row < row_end) open();
+  }
+  // `bytes` more of the step's output were streamed: fetch their share.
+  void streamed(int64_t bytes) {
+    if (!next) return;
+    credit += bytes * scale;
+    int64_t lines = credit >> 22;  // whole 64-byte lines owed
+    credit -= lines << 22;
+    while (lines > 0) {
+      const int64_t here = std::min<int64_t>(lines, (end - next + 63) >> 6);
+      for (int64_t l = 0; l < here; ++l) __builtin_prefetch(next + l * 64, 0, 3);
+      next += here * 64;
+      lines -= here;
+      issued += here;
+      if (next >= end) {
+        if (++range == nranges) range = 0, ++row;
+        if (row >= row_end) {
+          next = nullptr;
+          return;
+        }
+        open();
+      }
+    }
+  }
+
+ private:
+  void open() {
+    const Range& r = ranges[range];
+    const char* first = r.base + row * r.stride;
+    next = reinterpret_cast<const char*>(uintptr_t(first) & ~uintptr_t(63));
+    end = first + r.bytes;
+  }
+};
+
+// Per-thread fp32 rows (max_free elements each) and the step's prefetch.
 struct Scratch {
+  Prefetch prefetch;
   std::vector<float> a, b, out;
   void size(int64_t n) {
     if (int64_t(a.size()) < n) {
