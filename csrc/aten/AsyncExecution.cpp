@@ -15,6 +15,7 @@
 // before them. docs/runtime.md lists the table's ops.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/MetaFunctions.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -246,6 +247,9 @@ const AsyncOp kAsyncOps[] = {
 struct Entry {
   const AsyncOp* op;
   std::optional<c10::OperatorHandle> run;  // what the kernel runs
+  // The out= overload itself was called (compiled graphs' extern kernels,
+  // `torch.mm(a, b, out=c)`): its trailing `out` arguments are the outputs.
+  bool called_out = false;
 };
 
 // schema -> entry, resolved once against the dispatcher.
@@ -260,6 +264,7 @@ const std::unordered_map<const c10::FunctionSchema*, Entry>& entries() {
       if (op.mode == Mode::Out) {
         run = d.findSchema({op.name, op.out_overload});
         TORCH_INTERNAL_ASSERT(run, "no out= overload ", op.out_overload, " of ", op.name);
+        m.emplace(&run->schema(), Entry{&op, run, /*called_out=*/true});
       }
       m.emplace(&handle->schema(), Entry{&op, run});
     }
@@ -432,9 +437,12 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
     }
     if (bytes <= neuronrt::Stream::kInlineBytes / 2) return false;
   }
+  // An out= call: the functional overload's arguments, then the outputs.
+  const size_t num_outs = it->second.called_out ? schema.returns().size() : 0;
+  const size_t outs_begin = stack->size() - num_outs;
   Args meta_args;
   meta_args.reserve(num_args);
-  for (size_t i = begin; i < stack->size(); ++i) {
+  for (size_t i = begin; i < outs_begin; ++i) {
     const c10::IValue& v = (*stack)[i];
     if (v.isTensor()) {
       if (!queueable(v.toTensor())) return false;
@@ -457,7 +465,30 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   Outs meta = info.meta(meta_args);
   Outs outputs;
   outputs.reserve(meta.size());
-  {
+  if (num_outs > 0) {
+    // Given outputs are used as they are. Anything the out= kernel would do
+    // to them besides writing (a resize, a cast to another dtype) or refuse
+    // (overlaps) takes the synchronous path, where it happens on the caller.
+    if (meta.size() != num_outs) return false;
+    for (size_t k = 0; k < num_outs; ++k) {
+      const c10::IValue& v = (*stack)[outs_begin + k];
+      if (!v.isTensor()) return false;
+      const at::Tensor& out = v.toTensor();
+      if (!out.defined() || out.device().type() != kNeuron || out.is_neg() || out.is_conj() ||
+          out.sizes() != meta[k].sizes() || out.scalar_type() != meta[k].scalar_type() ||
+          at::has_internal_overlap(out) != at::MemOverlap::No) {
+        return false;
+      }
+      for (size_t i = begin; i < outs_begin; ++i) {
+        const c10::IValue& in = (*stack)[i];
+        if (in.isTensor() && in.toTensor().defined() &&
+            at::get_overlap_status(out, in.toTensor()) == at::MemOverlapStatus::Partial) {
+          return false;
+        }
+      }
+      outputs.push_back(out);
+    }
+  } else {
     c10::DeviceGuard guard(device_of_index(device));
     for (const at::Tensor& m : meta) {
       check_supported_dtype(m.scalar_type());
@@ -467,7 +498,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
 
   Args args;
   args.reserve(num_args);
-  for (size_t i = begin; i < stack->size(); ++i) {
+  for (size_t i = begin; i < outs_begin; ++i) {
     c10::IValue& v = (*stack)[i];
     if (v.isTensor()) {
       args.emplace_back(operand(v.toTensor()));
