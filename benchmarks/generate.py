@@ -10,7 +10,8 @@ One run measures, for the target device and for CPU:
 
 Each variant gets ``--warmup`` untimed generations (the first one of ``compiled-static``
 includes compilation) and ``--runs`` timed ones of exactly ``--max-new-tokens`` new tokens
-(EOS is suppressed with ``min_new_tokens``); the median decode tokens/s is reported.
+(EOS is suppressed with ``min_new_tokens``); the two devices' timed runs alternate, so
+that drift on a shared machine reaches both alike; the median decode tokens/s is reported.
 Decode time is taken from the streamer's per-token callbacks, i.e. it excludes prefill.
 
 It also measures the device's copy bandwidth (``dst.copy_(src)`` of a ``--copy-mb`` tensor,
@@ -111,54 +112,77 @@ def variant_kwargs(variant: str, device: str, args) -> dict:
     )
 
 
-def run_variant(model, inputs, variant: str, device: str, args) -> dict:
-    kwargs = variant_kwargs(variant, device, args)
-    result: dict = {"variant": variant, "ok": False}
-    if variant == "compiled-static" and hasattr(model, "_compiled_call"):
-        del model._compiled_call  # make "compiled" below reflect this variant only
-    try:
-        warm = []
-        for _ in range(args.warmup):
+class _Variant:
+    """One variant of one device: its warm-up and timed generations, and the result."""
+
+    def __init__(self, state: dict, variant: str, args):
+        self.state, self.variant, self.args = state, variant, args
+        self.kwargs = variant_kwargs(variant, state["device"], args)
+        self.result: dict = {"variant": variant, "ok": False}
+        self.warm: list = []
+        self.runs: list = []
+        self.ids = None
+        model = state["model"]
+        if variant == "compiled-static" and hasattr(model, "_compiled_call"):
+            del model._compiled_call  # make "compiled" below reflect this variant only
+
+    def guarded(self, step) -> None:
+        if "error" in self.result:
+            return
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 -- report and go on with the other variants
+            first = (str(error).strip().splitlines() or [""])[0]
+            self.result["error"] = f"{type(error).__name__}: {first}"[:500]
+            log(f"    [{self.state['device']}] {self.variant} FAILED: {self.result['error']}")
+            if self.args.verbose:
+                traceback.print_exc()
+
+    def warm_up(self) -> None:
+        def step():
             start = time.perf_counter()
-            ex.run_generate(model, inputs, kwargs)
-            warm.append(time.perf_counter() - start)
-        runs, ids = [], None
-        for _ in range(args.runs):
-            ids, stats = ex.run_generate(model, inputs, kwargs)
-            runs.append(stats)
-            log(f"    {variant}: {stats['decode_tok_s']:.2f} tok/s")
-        rates = [r["decode_tok_s"] for r in runs]
-        result.update(
-            ok=True,
-            compiled=getattr(model, "_compiled_call", None) is not None,
-            warmup_s=warm,
-            decode_tok_s_median=statistics.median(rates),
-            decode_tok_s_min=min(rates),
-            decode_tok_s_max=max(rates),
-            prefill_s_median=statistics.median(r["prefill_s"] for r in runs),
-            decode_tokens=runs[0]["decode_tokens"],
-            runs=rates,
-            token_ids=ids,
-        )
-        if variant == "compiled-static" and not result["compiled"]:
-            result.update(ok=False, error="generate() did not compile the decode step "
-                                          "(transformers' auto-compile criteria not met)")
-    except Exception as error:  # noqa: BLE001 -- report and go on with the other variants
-        first = (str(error).strip().splitlines() or [""])[0]
-        result["error"] = f"{type(error).__name__}: {first}"[:500]
-        log(f"    {variant} FAILED: {result['error']}")
-        if args.verbose:
-            traceback.print_exc()
-    finally:
-        if variant == "compiled-static":
-            if hasattr(model, "_compiled_call"):
-                del model._compiled_call
-            torch._dynamo.reset()
-    return result
+            ex.run_generate(self.state["model"], self.state["inputs"], self.kwargs)
+            self.warm.append(time.perf_counter() - start)
+        self.guarded(step)
+
+    def timed(self) -> None:
+        def step():
+            self.ids, stats = ex.run_generate(self.state["model"], self.state["inputs"], self.kwargs)
+            self.runs.append(stats)
+            log(f"    [{self.state['device']}] {self.variant}: {stats['decode_tok_s']:.2f} tok/s")
+        self.guarded(step)
+
+    def finish(self) -> dict:
+        model = self.state["model"]
+        if "error" not in self.result:
+            rates = [r["decode_tok_s"] for r in self.runs]
+            self.result.update(
+                ok=True,
+                compiled=getattr(model, "_compiled_call", None) is not None,
+                warmup_s=self.warm,
+                decode_tok_s_median=statistics.median(rates),
+                decode_tok_s_min=min(rates),
+                decode_tok_s_max=max(rates),
+                prefill_s_median=statistics.median(r["prefill_s"] for r in self.runs),
+                decode_tokens=self.runs[0]["decode_tokens"],
+                runs=rates,
+                token_ids=self.ids,
+            )
+            if self.variant == "compiled-static" and not self.result["compiled"]:
+                self.result.update(ok=False, error="generate() did not compile the decode step "
+                                                   "(transformers' auto-compile criteria not met)")
+        if self.variant == "compiled-static" and hasattr(model, "_compiled_call"):
+            del model._compiled_call
+        bound = self.state["out"].get("bound_tok_s")
+        if self.result.get("ok") and bound:
+            self.result["fraction_of_bound"] = self.result["decode_tok_s_median"] / bound
+        return self.result
 
 
-def bench_device(device: str, tokenizer, args) -> dict:
-    out: dict = {"device": device}
+def load_device(device: str, tokenizer, args) -> dict:
+    """Model, inputs and copy bandwidth of one device; ``out`` collects its results."""
+    out: dict = {"device": device, "variants": {}}
+    state = {"device": device, "out": out, "model": None}
     log(f"[{device}] loading model ...")
     try:
         model, load_s = ex.load_model(device, ex.DTYPES[args.dtype])
@@ -167,7 +191,7 @@ def bench_device(device: str, tokenizer, args) -> dict:
         log(f"[{device}] {out['error']}")
         if args.verbose:
             traceback.print_exc()
-        return out
+        return state
     out["load_s"] = load_s
     out["weight_bytes"] = ex.weight_bytes(model)
     log(f"[{device}] loaded in {load_s:.1f}s, {out['weight_bytes'] / 2**20:.0f} MiB of weights")
@@ -182,19 +206,36 @@ def bench_device(device: str, tokenizer, args) -> dict:
         out["bandwidth_error"] = f"{type(error).__name__}: {error}"[:500]
         log(f"[{device}] bandwidth measurement failed: {out['bandwidth_error']}")
 
-    inputs = ex.chat_inputs(tokenizer, args.prompt, model.device)
-    out["prompt_tokens"] = int(inputs["input_ids"].shape[1])
-    out["variants"] = {}
+    state["model"] = model
+    state["inputs"] = ex.chat_inputs(tokenizer, args.prompt, model.device)
+    out["prompt_tokens"] = int(state["inputs"]["input_ids"].shape[1])
+    return state
+
+
+def bench_devices(devices, tokenizer, args) -> dict:
+    """Every variant on every device, the devices' timed runs alternating (device A's
+    run 1, device B's run 1, A's run 2, ...) so that drift on a shared machine reaches
+    both alike; returns ``{device: results}``."""
+    states = [load_device(d, tokenizer, args) for d in devices]
+    live = [s for s in states if s["model"] is not None]
     for variant in args.variants:
-        log(f"[{device}] {variant}: {args.warmup} warm-up + {args.runs} timed runs ...")
-        res = run_variant(model, inputs, variant, device, args)
-        if res.get("ok") and out.get("bound_tok_s"):
-            res["fraction_of_bound"] = res["decode_tok_s_median"] / out["bound_tok_s"]
-        out["variants"][variant] = res
-    out["memory"] = memory_report(device)
-    del model, inputs
+        log(f"{variant}: {args.warmup} warm-up + {args.runs} timed runs per device, alternating ...")
+        runs = [_Variant(s, variant, args) for s in live]
+        for r in runs:
+            for _ in range(args.warmup):
+                r.warm_up()
+        for _ in range(args.runs):
+            for r in runs:
+                r.timed()
+        for r in runs:
+            r.state["out"]["variants"][variant] = r.finish()
+        if variant == "compiled-static":
+            torch._dynamo.reset()
+    for s in live:
+        s["out"]["memory"] = memory_report(s["device"])
+        s["model"] = s["inputs"] = None
     gc.collect()
-    return out
+    return {s["device"]: s["out"] for s in states}
 
 
 def memory_report(device: str) -> dict:
@@ -332,8 +373,9 @@ def main(argv=None) -> int:
     log(f"tokenizer loaded in {tok_s:.1f}s")
 
     self_check = ex.device_type(args.device) == "cpu"
-    results = {args.device: bench_device(args.device, tokenizer, args)}
-    results["cpu"] = results[args.device] if self_check else bench_device("cpu", tokenizer, args)
+    results = bench_devices([args.device] if self_check else [args.device, "cpu"], tokenizer, args)
+    if self_check:
+        results["cpu"] = results[args.device]
 
     report = {
         "model": ex.GGUF_NAME,
