@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for r in results:
-        goal = f"<={r['goal']:.1f}" if r["kind"] == "small" else f"~{r['goal']:.1f}"
+        goal = f"<={r['goal']:g}" if r["kind"] == "small" else f"~{r['goal']:.1f}"
         print(f"| {r['name']:34s} | {r['kind']:7s} | {r['cpu']['median_us']:10.2f} | {r[device]['median_us']:10.2f} "
               f"| {r[device]['median_us'] - r['cpu']['median_us']:+8.2f} | {r['ratio']:6.2f} | {goal:>6s} | {r['verdict']:4s} |")
     small = [r["ratio"] for r in results if r["kind"] == "small"]
