@@ -139,10 +139,18 @@ def test_out_arguments_are_queued_only_when_used_as_given():
     wide = torch.empty(256, 256, dtype=torch.float64, device="neuron")
     torch.add(bd, bd, out=wide)
     assert_same(wide, torch.add(b, b, out=torch.empty(256, 256, dtype=torch.float64)))
-    # Partial overlap of the output with an input raises at the call site.
+    # Overlaps the kernel refuses raise at the call site: a partial one, and
+    # cat's output as its own input.
     x = torch.randn(10, device="neuron")
     with pytest.raises(RuntimeError, match="unsupported operation"):
         torch.add(x[:5], x[1:6], out=x[2:7])
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        torch.cat([x], out=x)
+    # An elementwise op may write over its own input, as on CPU.
+    y = torch.randn(64, 64)
+    yd = y.to("neuron")
+    torch.mul(yd, 3, out=yd)
+    assert_same(yd, y * 3)
 
 
 def test_queued_ops_match_cpu():

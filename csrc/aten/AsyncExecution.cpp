@@ -467,8 +467,9 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   outputs.reserve(meta.size());
   if (num_outs > 0) {
     // Given outputs are used as they are. Anything the out= kernel would do
-    // to them besides writing (a resize, a cast to another dtype) or refuse
-    // (overlaps) takes the synchronous path, where it happens on the caller.
+    // to them besides writing (a resize, a cast to another dtype), and any
+    // overlap with an input (which some kernels refuse, e.g. cat's), takes
+    // the synchronous path, where it happens or raises on the caller.
     if (meta.size() != num_outs) return false;
     for (size_t k = 0; k < num_outs; ++k) {
       const c10::IValue& v = (*stack)[outs_begin + k];
@@ -482,7 +483,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
       for (size_t i = begin; i < outs_begin; ++i) {
         const c10::IValue& in = (*stack)[i];
         if (in.isTensor() && in.toTensor().defined() &&
-            at::get_overlap_status(out, in.toTensor()) == at::MemOverlapStatus::Partial) {
+            at::get_overlap_status(out, in.toTensor()) != at::MemOverlapStatus::No) {
           return false;
         }
       }
