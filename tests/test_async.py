@@ -139,13 +139,15 @@ def test_out_arguments_are_queued_only_when_used_as_given():
     wide = torch.empty(256, 256, dtype=torch.float64, device="neuron")
     torch.add(bd, bd, out=wide)
     assert_same(wide, torch.add(b, b, out=torch.empty(256, 256, dtype=torch.float64)))
-    # Overlaps the kernel refuses raise at the call site: a partial one, and
-    # cat's output as its own input.
-    x = torch.randn(10, device="neuron")
+    # Overlaps the kernel refuses raise at the call site, also behind queued
+    # work: a partial one, and cat's output as its own input.
+    x = torch.randn(64 * 1024, device="neuron")
+    _long_work(a, n=2)  # the stream is busy: the calls below would be queued
     with pytest.raises(RuntimeError, match="unsupported operation"):
-        torch.add(x[:5], x[1:6], out=x[2:7])
+        torch.add(x[:1000], x[1:1001], out=x[2:1002])
     with pytest.raises(RuntimeError, match="unsupported operation"):
         torch.cat([x], out=x)
+    torch.neuron.synchronize()  # nothing was queued to fail later
     # An elementwise op may write over its own input, as on CPU.
     y = torch.randn(64, 64)
     yd = y.to("neuron")

@@ -289,6 +289,24 @@ bool queueable(const at::Tensor& t) {
   return t.device().is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided;
 }
 
+// Whether `out` shares memory with a tensor among the arguments [begin, end)
+// (tensor lists included: cat's inputs).
+bool overlaps_an_input(const at::Tensor& out, const torch::jit::Stack& stack, size_t begin, size_t end) {
+  auto overlaps = [&](const at::Tensor& t) {
+    return t.defined() && at::get_overlap_status(out, t) != at::MemOverlapStatus::No;
+  };
+  for (size_t i = begin; i < end; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor() && overlaps(v.toTensor())) return true;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (overlaps(t)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The kernel's operand for `t`: a host alias of device memory, or a copy of a
 // CPU scalar (the caller may change it after the launch).
 at::Tensor operand(const at::Tensor& t) {
@@ -480,13 +498,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
           at::has_internal_overlap(out) != at::MemOverlap::No) {
         return false;
       }
-      for (size_t i = begin; i < outs_begin; ++i) {
-        const c10::IValue& in = (*stack)[i];
-        if (in.isTensor() && in.toTensor().defined() &&
-            at::get_overlap_status(out, in.toTensor()) != at::MemOverlapStatus::No) {
-          return false;
-        }
-      }
+      if (overlaps_an_input(out, *stack, begin, outs_begin)) return false;
       outputs.push_back(out);
     }
   } else {
