@@ -122,13 +122,13 @@ std::vector<std::string> register_host_kernels() {
     if (!in_table(base)) continue;
     auto op = dispatcher.findOp(name);
     // Only real backend kernels: composite ops already work on neuron through
-    // their decompositions, and native neuron kernels take precedence.
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      continue;
-    }
+    // their decompositions.
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
     std::string qualified = std::string(full.substr(6)) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&host_execute>());
+    // A native neuron kernel (DirectKernels.cpp) takes precedence.
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&host_execute>());
+    }
     registered.push_back(qualified);
   }
   return registered;

@@ -35,6 +35,8 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     rt_call([&] { neuronrt::set_device(d.index()); });
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
+    // Every DeviceGuard restores the device on exit: mostly the current one.
+    if (d.index() == current_device()) return;
     try {
       neuronrt::set_device(d.index());
     } catch (...) {

@@ -92,8 +92,9 @@ CachingAllocator::Block* CachingAllocator::take_cached(DeviceState& ds, size_t s
   auto it = ds.cache.lower_bound(size);
   // Blocks are not split, so only reuse one that wastes at most a quarter.
   if (it == ds.cache.end() || it->first > size + size / 4) return nullptr;
-  Block* b = it->second;
-  ds.cache.erase(it);
+  auto node = ds.cache.extract(it);
+  Block* b = node.mapped();
+  ds.spare_nodes.push_back(std::move(node));
   return b;
 }
 
@@ -209,7 +210,15 @@ void CachingAllocator::free(void* ptr) {
   update(ds.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
-  ds.cache.emplace(b->size, b);
+  if (ds.spare_nodes.empty()) {
+    ds.cache.emplace(b->size, b);
+  } else {
+    auto node = std::move(ds.spare_nodes.back());
+    ds.spare_nodes.pop_back();
+    node.key() = b->size;
+    node.mapped() = b;
+    ds.cache.insert(std::move(node));
+  }
   notify(AllocatorEvent::Action::Free, b->device, b->ptr, b->size);
   publish(b->device, ds.stats);
 }

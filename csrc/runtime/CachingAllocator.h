@@ -135,6 +135,9 @@ class CachingAllocator {
   };
   struct DeviceState {
     std::multimap<size_t, Block*> cache;  // free blocks by size
+    // Nodes of `cache` kept for reuse: moving a block in and out of the
+    // cache then allocates nothing.
+    std::vector<std::multimap<size_t, Block*>::node_type> spare_nodes;
     DeviceStats stats;
     size_t capacity = 0;  // the budget in force (total_memory × fraction)
   };

@@ -36,6 +36,11 @@ bool launch_blocking() noexcept;
 // Empty when NEURON_RT_LAUNCH_BLOCKING is valid (see check_configuration()).
 const std::string& launch_blocking_error() noexcept;
 
+// Whether the calling thread is running a kernel (a synchronous launch, a
+// small kernel run inline, or a stream's executor): device memory is
+// accessible to it, and work it issues runs inline, as part of that kernel.
+bool in_kernel() noexcept;
+
 class Stream {
  public:
   static constexpr int kPoolSize = 32;

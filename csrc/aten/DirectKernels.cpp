@@ -1,0 +1,344 @@
+// Direct kernels: frequent small ops, unboxed and without host aliases.
+//
+// Every op can run through the host path (HostExecution.cpp): boxed, over
+// host aliases of its device tensors, its results mapped back. For a
+// 16-element add that bookkeeping costs as much as the kernel. The ops here
+// run ATen's structured CPU kernel on the device tensors themselves: its meta
+// function checks the arguments and sizes the outputs, which are allocated on
+// the device, and its impl runs in a runtime launch, where device memory is
+// host-accessible. The DispatchStubs those impls call resolve, for
+// PrivateUse1, to the CPU kernels (use_cpu_kernels below).
+//
+// A call takes this path only when it computes what the host path computes:
+// - the host path would run it on the caller too (the stream is idle and the
+//   operands are small, or launches are blocking; runtime.md, "What is
+//   queued"), else it is queued there;
+// - no device operand needs a dtype conversion: TensorIterator converts
+//   operands (into temporaries) only when its common device is the CPU, as
+//   other devices' kernels convert while loading, and CPU kernels do not;
+// - its CPU operands are scalars: a wrapped number (a Python scalar) is
+//   converted to the op's dtype here, as TensorIterator would on the CPU
+//   (not for float16/bfloat16, whose CPU kernels read the unconverted value);
+// - no negative or conjugate bit, no zero tensor, and not in strict mode
+//   (Fidelity.h, which checks each result).
+// Anything else takes the host path, which raises the same errors.
+
+// The wheel's x86-64 build has AVX2 and AVX512 kernels: declaring them lets
+// use_cpu_kernel pick the kernel DispatchStub picks for the CPU.
+#if defined(__x86_64__)
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/Version.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/Fill.h>
+#include <ATen/native/IndexKernel.h>
+#include <ATen/native/ReduceOps.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/fill_native.h>
+#include <ATen/ops/index_native.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/ops/sum_native.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <array>
+#include <type_traits>
+
+#include "Fidelity.h"
+#include "HostExecution.h"
+#include "NeuronAllocator.h"
+#include "NeuronFunctions.h"
+#include "csrc/runtime/Runtime.h"
+
+namespace at::neuron {
+namespace {
+
+constexpr auto kNeuron = c10::DeviceType::PrivateUse1;
+
+// ---- outputs of the structured kernels ---------------------------------------
+
+at::Tensor empty_on_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const c10::TensorOptions& options) {
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  const auto dtype = c10::typeMetaToScalarType(options.dtype());
+  if (strides.empty()) return at::detail::empty_generic(sizes, device_allocator(), keys, dtype, std::nullopt);
+  return at::detail::empty_strided_generic(sizes, strides, device_allocator(), keys, dtype);
+}
+
+// The functional form: outputs are allocated on the device (the caller's
+// DeviceGuard selects which).
+template <class Structured, size_t N = 1>
+struct Functional final : Structured {
+  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) override {
+    set_output_raw_strided(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              c10::TensorOptions options) override {
+    outputs[i] = empty_on_device(sizes, strides, options);
+    // After the output exists: TensorIterator reads it back through maybe_get_output.
+    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Structured>) {
+      Structured::set_output_raw_strided(i, sizes, strides, options);
+    }
+  }
+  const at::Tensor& maybe_get_output(int64_t i) override { return outputs[i]; }
+  std::array<at::Tensor, N> outputs;
+};
+
+// The in-place form: the output is `self`, which the op may not resize or cast.
+template <class Structured>
+struct InPlace final : Structured {
+  explicit InPlace(const at::Tensor& self) : self_(self) {}
+  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) override {
+    set_output_raw_strided(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              c10::TensorOptions options) override {
+    TORCH_CHECK(options.dtype() == self_.dtype(), "Bad in-place call: input tensor dtype ", self_.dtype(),
+                " and output tensor dtype ", options.dtype(), " should match");
+    TORCH_CHECK(options.device() == self_.device(), "Bad in-place call: input tensor device ", self_.device(),
+                " and output tensor device ", options.device(), " should match");
+    TORCH_CHECK(sizes == self_.sizes(), "Bad in-place call: input tensor size ", self_.sizes(),
+                " and output tensor size ", sizes, " should match");
+    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Structured>) {
+      Structured::set_output_raw_strided(i, sizes, strides, options);
+    }
+  }
+  const at::Tensor& maybe_get_output(int64_t) override { return self_; }
+  const at::Tensor& self_;
+};
+
+// ---- when the direct path applies --------------------------------------------
+
+// A device tensor the CPU kernels can read as it is.
+bool plain(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron && !t.is_neg() && !t.is_conj() && !t._is_zerotensor();
+}
+
+size_t bytes_of(const at::Tensor& t) { return t.defined() ? t.nbytes() : 0; }
+
+// Whether the host path would run the op on the caller as well (see the top).
+// Queued ops run there when their stream is idle and their operands small
+// (the rule of launch_async); `always` is for ops the host path never queues.
+// Inside a kernel (an op's kernel calling another op), work runs inline.
+bool runs_on_caller(const at::Tensor& self, size_t bytes, bool always = false) {
+  if (strict_mode()) return false;
+  if (always || neuronrt::in_kernel() || neuronrt::launch_blocking()) return true;
+  if (bytes > neuronrt::Stream::kInlineBytes / 2) return false;
+  const auto& stream = neuronrt::current_stream(self.device().index());
+  return stream.query() && !stream.failed();
+}
+
+// Runs `body` (a kernel over device memory) on the stream, on the caller; as
+// part of the running kernel when called from one.
+template <class F>
+void launch(const at::Tensor& self, const char* name, F&& body) {
+  if (neuronrt::in_kernel()) return body();
+  rt_call([&] { neuronrt::current_stream(self.device().index()).launch(body, name); });
+}
+
+int category(c10::ScalarType t) {
+  if (t == at::kBool) return 0;
+  if (c10::isIntegralType(t, /*includeBool=*/false)) return 1;
+  if (c10::isFloatingType(t)) return 2;
+  return 3;  // complex
+}
+
+c10::Scalar value_of(const at::Tensor& number) {
+  const void* p = number.const_data_ptr();
+  switch (number.scalar_type()) {
+    case at::kDouble: return *static_cast<const double*>(p);
+    case at::kLong: return *static_cast<const int64_t*>(p);
+    case at::kBool: return *static_cast<const bool*>(p);
+    case at::kComplexDouble: return *static_cast<const c10::complex<double>*>(p);
+    default: TORCH_INTERNAL_ASSERT(false, "unexpected wrapped number dtype ", number.scalar_type());
+  }
+}
+
+// `other` as an operand of a binary op with `self` on the direct path, or an
+// undefined tensor when the call needs the host path. `to_float`: the op
+// computes integer inputs in floating point (true division).
+at::Tensor binary_operand(const at::Tensor& self, const at::Tensor& other, bool to_float = false) {
+  if (!plain(self) || !other.defined() || other.is_neg() || other.is_conj() || other._is_zerotensor()) return {};
+  const auto dtype = self.scalar_type();
+  if (to_float && category(dtype) < 2) return {};
+  if (other.device() == self.device()) return other.scalar_type() == dtype ? other : at::Tensor();
+  // A CPU operand: only a scalar (TensorIterator allows one on other devices).
+  if (!other.device().is_cpu() || other.dim() != 0 || other.layout() != c10::kStrided) return {};
+  if (other.scalar_type() == dtype) return other;
+  // A wrapped number converts to the tensor's dtype unless its category is
+  // higher (2.5 + an int tensor is a float tensor): then the host path
+  // promotes. Not a bool: meta functions check for one (sub refuses it).
+  if (!other.unsafeGetTensorImpl()->is_wrapped_number() || c10::isReducedFloatingType(dtype) ||
+      other.scalar_type() == at::kBool || category(other.scalar_type()) > category(dtype)) {
+    return {};
+  }
+  at::Tensor converted = at::detail::scalar_tensor_static(value_of(other), dtype, c10::Device(c10::kCPU));
+  converted.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return converted;
+}
+
+// ---- the host path -------------------------------------------------------------
+
+// Calls the host kernel of the op named by `Op` (an at::_ops struct) boxed.
+template <class Op, class... Args>
+decltype(auto) host_path(Args&&... args) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(Op::name, Op::overload_name)
+                             .template typed<typename Op::schema>();
+  return c10::impl::BoxedKernelWrapper<typename Op::schema>::call(
+      c10::BoxedKernel::makeFromFunction<&host_execute>(), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      std::forward<Args>(args)...);
+}
+
+// ---- the kernels ---------------------------------------------------------------
+
+// Binary TensorIterator ops with an alpha (add, sub) and without (mul, div).
+template <class Structured, class Op, bool kToFloat = false>
+at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  at::Tensor b = binary_operand(self, other, kToFloat);
+  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other, alpha);
+  AllocationContext context;
+  c10::DeviceGuard guard(self.device());
+  Functional<Structured> op;
+  op.meta(self, b, alpha);
+  launch(self, Op::name, [&] { op.impl(self, b, alpha, op.outputs[0]); });
+  return std::move(op.outputs[0]);
+}
+
+template <class Structured, class Op>
+at::Tensor& binary_alpha_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  at::Tensor b = binary_operand(self, other);
+  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other, alpha);
+  AllocationContext context;
+  c10::DeviceGuard guard(self.device());
+  InPlace<Structured> op(self);
+  op.meta(self, b, alpha);
+  launch(self, Op::name, [&] { op.impl(self, b, alpha, self); });
+  return self;
+}
+
+template <class Structured, class Op, bool kToFloat = false>
+at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
+  at::Tensor b = binary_operand(self, other, kToFloat);
+  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other);
+  AllocationContext context;
+  c10::DeviceGuard guard(self.device());
+  Functional<Structured> op;
+  op.meta(self, b);
+  launch(self, Op::name, [&] { op.impl(self, b, op.outputs[0]); });
+  return std::move(op.outputs[0]);
+}
+
+template <class Structured, class Op, bool kToFloat = false>
+at::Tensor& binary_(at::Tensor& self, const at::Tensor& other) {
+  at::Tensor b = binary_operand(self, other, kToFloat);
+  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other);
+  AllocationContext context;
+  c10::DeviceGuard guard(self.device());
+  InPlace<Structured> op(self);
+  op.meta(self, b);
+  launch(self, Op::name, [&] { op.impl(self, b, self); });
+  return self;
+}
+
+// sum over dims, in the input's own dtype. (Integer sums accumulate in int64
+// and reduced-precision sums through a float buffer: conversions, so those
+// take the host path, as do empty inputs, whose kernel calls zero_.)
+at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                   std::optional<at::ScalarType> dtype) {
+  const bool direct = plain(self) && category(self.scalar_type()) >= 2 &&
+                      !c10::isReducedFloatingType(self.scalar_type()) && (!dtype || *dtype == self.scalar_type()) &&
+                      self.numel() > 0 && runs_on_caller(self, self.nbytes());
+  if (!direct) return host_path<at::_ops::sum_dim_IntList>(self, dim, keepdim, dtype);
+  AllocationContext context;
+  c10::DeviceGuard guard(self.device());
+  Functional<at::native::structured_sum_out> op;
+  op.meta(self, dim, keepdim, dtype);
+  launch(self, "aten::sum", [&] { op.impl(self, dim, keepdim, dtype, op.outputs[0]); });
+  return std::move(op.outputs[0]);
+}
+
+at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
+  if (!plain(self) || !runs_on_caller(self, self.nbytes())) return host_path<at::_ops::fill__Scalar>(self, value);
+  c10::DeviceGuard guard(self.device());
+  launch(self, "aten::fill_", [&] { at::native::fill_(self, value); });
+  return self;
+}
+
+at::Tensor& zero_(at::Tensor& self) {
+  if (!plain(self) || !runs_on_caller(self, self.nbytes())) return host_path<at::_ops::zero_>(self);
+  c10::DeviceGuard guard(self.device());
+  launch(self, "aten::zero_", [&] { at::native::fill_(self, 0); });
+  return self;
+}
+
+// Advanced indexing with int64 device indices. (Boolean masks need nonzero,
+// int32 and CPU indices a conversion: the host path.) Never queued.
+at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
+  bool direct = plain(self) && runs_on_caller(self, 0, /*always=*/true);
+  for (size_t i = 0; direct && i < indices.size(); ++i) {
+    const std::optional<at::Tensor> t = indices[i];
+    if (t && t->defined()) direct = plain(*t) && t->device() == self.device() && t->scalar_type() == at::kLong;
+  }
+  if (!direct) return host_path<at::_ops::index_Tensor>(self, indices);
+  AllocationContext context;
+  c10::DeviceGuard guard(self.device());
+  Functional<at::native::structured_index_out> op;
+  auto precompute = op.meta(self, at::IOptTensorListRef(indices));
+  launch(self, "aten::index", [&] { op.impl(self, precompute.sizes, precompute.strides, op.outputs[0]); });
+  return std::move(op.outputs[0]);
+}
+
+// ---- the CPU kernels of the stubs, for PrivateUse1 ---------------------------------
+
+// The CPU kernel a stub selects, by the CPU capability (as DispatchStub does;
+// ATEN_CPU_CAPABILITY can lower it).
+template <class Stub>
+void use_cpu_kernel(Stub& stub) {
+  using Base = typename Stub::DispatchStub;
+  typename Base::FnPtr fn = Base::DEFAULT;
+#if defined(__x86_64__)
+  static const std::string capability = at::get_cpu_capability();
+  if (capability == "AVX512" && Base::AVX512) {
+    fn = Base::AVX512;
+  } else if ((capability == "AVX512" || capability == "AVX2") && Base::AVX2) {
+    fn = Base::AVX2;
+  }
+#endif
+  TORCH_INTERNAL_ASSERT(fn, "no CPU kernel for a DispatchStub");
+  stub.set_privateuse1_dispatch_ptr(fn);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace at::native;
+  m.impl("add.Tensor", TORCH_FN((binary_alpha<structured_ufunc_add_CPU, at::_ops::add_Tensor>)));
+  m.impl("add_.Tensor", TORCH_FN((binary_alpha_<structured_ufunc_add_CPU, at::_ops::add__Tensor>)));
+  m.impl("sub.Tensor", TORCH_FN((binary_alpha<structured_sub_out, at::_ops::sub_Tensor>)));
+  m.impl("sub_.Tensor", TORCH_FN((binary_alpha_<structured_sub_out, at::_ops::sub__Tensor>)));
+  m.impl("mul.Tensor", TORCH_FN((binary<structured_mul_out, at::_ops::mul_Tensor>)));
+  m.impl("mul_.Tensor", TORCH_FN((binary_<structured_mul_out, at::_ops::mul__Tensor>)));
+  m.impl("div.Tensor", TORCH_FN((binary<structured_div_out, at::_ops::div_Tensor, true>)));
+  m.impl("div_.Tensor", TORCH_FN((binary_<structured_div_out, at::_ops::div__Tensor, true>)));
+  m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
+  m.impl("fill_.Scalar", TORCH_FN(fill_));
+  m.impl("zero_", TORCH_FN(zero_));
+  m.impl("index.Tensor", TORCH_FN(index));
+
+  use_cpu_kernel(add_stub);
+  use_cpu_kernel(mul_stub);
+  use_cpu_kernel(div_true_stub);
+  use_cpu_kernel(sum_stub);
+  use_cpu_kernel(fill_stub);
+  use_cpu_kernel(index_stub);
+}
+
+}  // namespace at::neuron
