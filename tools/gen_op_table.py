@@ -28,9 +28,15 @@ DEDICATED = {
                                  "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt"],
 }
 
+# Table ops that also have an unboxed direct kernel (csrc/aten/DirectKernels.cpp).
+DIRECT = ["add.Tensor", "add_.Tensor", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor", "div.Tensor",
+          "div_.Tensor", "sum.dim_IntList", "fill_.Scalar", "zero_", "index.Tensor"]
+
 
 def render() -> str:
     ops = torch_neuronx.supported_ops()
+    missing = [n for n in DIRECT if n not in ops]
+    assert not missing, f"direct kernels missing from the table: {missing}"
     by_base = collections.OrderedDict()
     for name in ops:
         base = name.split(".")[0]
@@ -46,7 +52,9 @@ def render() -> str:
         "1. **Dedicated kernels** (below): allocation, metadata/views, copies across the device boundary, host "
         "reads, and the fused attention/convolution overrides.",
         f"2. **The device kernel table**: {len(ops)} overloads of {len(by_base)} ops executed in place by the "
-        "host runtime (`csrc/aten/HostOps.cpp`).",
+        "host runtime (`csrc/aten/HostOps.cpp`). Of these, " + ", ".join(f"`{n}`" for n in DIRECT) + " also "
+        "have direct kernels (`csrc/aten/DirectKernels.cpp`): unboxed, without host aliases, when the op runs on "
+        "the caller and needs no dtype conversion (docs/runtime.md, \"Direct kernels\").",
         "3. **Composite ops** need no kernel: they decompose into the ops above (e.g. `matmul`, `linear`, "
         "`layer_norm`, `softmax`, `dropout`, `_to_copy`, `clone`, `stack`, `_foreach_*`).",
         "",

@@ -50,6 +50,8 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cstring>
+#include <functional>
 #include <type_traits>
 
 #include "Fidelity.h"
@@ -121,27 +123,40 @@ bool plain(const at::Tensor& t) {
   return t.defined() && t.device().type() == kNeuron && !t.is_neg() && !t.is_conj() && !t._is_zerotensor();
 }
 
-size_t bytes_of(const at::Tensor& t) { return t.defined() ? t.nbytes() : 0; }
+size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+neuronrt::Stream& stream_of(const at::Tensor& self) { return neuronrt::current_stream(self.device().index()); }
 
 // Whether the host path would run the op on the caller as well (see the top).
 // Queued ops run there when their stream is idle and their operands small
-// (the rule of launch_async); `always` is for ops the host path never queues.
-// Inside a kernel (an op's kernel calling another op), work runs inline.
-bool runs_on_caller(const at::Tensor& self, size_t bytes, bool always = false) {
+// (the rule of launch_async). Inside a kernel (an op's kernel calling
+// another op), work runs inline.
+bool runs_on_caller(const neuronrt::Stream& stream, size_t bytes) {
   if (strict_mode()) return false;
-  if (always || neuronrt::in_kernel() || neuronrt::launch_blocking()) return true;
+  if (neuronrt::in_kernel() || neuronrt::launch_blocking()) return true;
   if (bytes > neuronrt::Stream::kInlineBytes / 2) return false;
-  const auto& stream = neuronrt::current_stream(self.device().index());
   return stream.query() && !stream.failed();
 }
 
 // Runs `body` (a kernel over device memory) on the stream, on the caller; as
-// part of the running kernel when called from one.
+// part of the running kernel when called from one. (The launch takes a
+// std::function: wrapping a reference to `body` keeps it from allocating.)
 template <class F>
-void launch(const at::Tensor& self, const char* name, F&& body) {
+void launch(neuronrt::Stream& stream, const char* name, F&& body) {
   if (neuronrt::in_kernel()) return body();
-  rt_call([&] { neuronrt::current_stream(self.device().index()).launch(body, name); });
+  rt_call([&] { stream.launch(std::ref(body), name); });
 }
+
+// Makes `self`'s device current for the call (outputs are allocated there).
+class Guard {
+ public:
+  explicit Guard(const at::Tensor& self) {
+    if (self.device().index() != current_device()) guard_.emplace(self.device());
+  }
+
+ private:
+  std::optional<c10::DeviceGuard> guard_;
+};
 
 int category(c10::ScalarType t) {
   if (t == at::kBool) return 0;
@@ -203,48 +218,56 @@ decltype(auto) host_path(Args&&... args) {
 template <class Structured, class Op, bool kToFloat = false>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   at::Tensor b = binary_operand(self, other, kToFloat);
-  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other, alpha);
+  if (!b.defined()) return host_path<Op>(self, other, alpha);
+  auto& stream = stream_of(self);
+  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other, alpha);
   AllocationContext context;
-  c10::DeviceGuard guard(self.device());
+  Guard guard(self);
   Functional<Structured> op;
   op.meta(self, b, alpha);
-  launch(self, Op::name, [&] { op.impl(self, b, alpha, op.outputs[0]); });
+  launch(stream, Op::name, [&] { op.impl(self, b, alpha, op.outputs[0]); });
   return std::move(op.outputs[0]);
 }
 
 template <class Structured, class Op>
 at::Tensor& binary_alpha_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   at::Tensor b = binary_operand(self, other);
-  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other, alpha);
+  if (!b.defined()) return host_path<Op>(self, other, alpha);
+  auto& stream = stream_of(self);
+  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other, alpha);
   AllocationContext context;
-  c10::DeviceGuard guard(self.device());
+  Guard guard(self);
   InPlace<Structured> op(self);
   op.meta(self, b, alpha);
-  launch(self, Op::name, [&] { op.impl(self, b, alpha, self); });
+  launch(stream, Op::name, [&] { op.impl(self, b, alpha, self); });
   return self;
 }
 
 template <class Structured, class Op, bool kToFloat = false>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
   at::Tensor b = binary_operand(self, other, kToFloat);
-  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other);
+  if (!b.defined()) return host_path<Op>(self, other);
+  auto& stream = stream_of(self);
+  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other);
   AllocationContext context;
-  c10::DeviceGuard guard(self.device());
+  Guard guard(self);
   Functional<Structured> op;
   op.meta(self, b);
-  launch(self, Op::name, [&] { op.impl(self, b, op.outputs[0]); });
+  launch(stream, Op::name, [&] { op.impl(self, b, op.outputs[0]); });
   return std::move(op.outputs[0]);
 }
 
 template <class Structured, class Op, bool kToFloat = false>
 at::Tensor& binary_(at::Tensor& self, const at::Tensor& other) {
   at::Tensor b = binary_operand(self, other, kToFloat);
-  if (!b.defined() || !runs_on_caller(self, self.nbytes() + b.nbytes())) return host_path<Op>(self, other);
+  if (!b.defined()) return host_path<Op>(self, other);
+  auto& stream = stream_of(self);
+  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other);
   AllocationContext context;
-  c10::DeviceGuard guard(self.device());
+  Guard guard(self);
   InPlace<Structured> op(self);
   op.meta(self, b);
-  launch(self, Op::name, [&] { op.impl(self, b, self); });
+  launch(stream, Op::name, [&] { op.impl(self, b, self); });
   return self;
 }
 
@@ -255,44 +278,59 @@ at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dim, bool kee
                    std::optional<at::ScalarType> dtype) {
   const bool direct = plain(self) && category(self.scalar_type()) >= 2 &&
                       !c10::isReducedFloatingType(self.scalar_type()) && (!dtype || *dtype == self.scalar_type()) &&
-                      self.numel() > 0 && runs_on_caller(self, self.nbytes());
-  if (!direct) return host_path<at::_ops::sum_dim_IntList>(self, dim, keepdim, dtype);
+                      self.numel() > 0;
+  auto* stream = direct ? &stream_of(self) : nullptr;
+  if (!stream || !runs_on_caller(*stream, bytes_of(self))) {
+    return host_path<at::_ops::sum_dim_IntList>(self, dim, keepdim, dtype);
+  }
   AllocationContext context;
-  c10::DeviceGuard guard(self.device());
+  Guard guard(self);
   Functional<at::native::structured_sum_out> op;
   op.meta(self, dim, keepdim, dtype);
-  launch(self, "aten::sum", [&] { op.impl(self, dim, keepdim, dtype, op.outputs[0]); });
+  launch(*stream, "aten::sum", [&] { op.impl(self, dim, keepdim, dtype, op.outputs[0]); });
   return std::move(op.outputs[0]);
 }
 
 at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
-  if (!plain(self) || !runs_on_caller(self, self.nbytes())) return host_path<at::_ops::fill__Scalar>(self, value);
-  c10::DeviceGuard guard(self.device());
-  launch(self, "aten::fill_", [&] { at::native::fill_(self, value); });
+  if (!plain(self)) return host_path<at::_ops::fill__Scalar>(self, value);
+  auto& stream = stream_of(self);
+  if (!runs_on_caller(stream, bytes_of(self))) return host_path<at::_ops::fill__Scalar>(self, value);
+  Guard guard(self);
+  launch(stream, "aten::fill_", [&] { at::native::fill_(self, value); });
   return self;
 }
 
+// As on the CPU, a small dense tensor is cleared with memset (all-zero bytes
+// are zero in every dtype), anything else filled by the fill kernel.
 at::Tensor& zero_(at::Tensor& self) {
-  if (!plain(self) || !runs_on_caller(self, self.nbytes())) return host_path<at::_ops::zero_>(self);
-  c10::DeviceGuard guard(self.device());
-  launch(self, "aten::zero_", [&] { at::native::fill_(self, 0); });
+  if (!plain(self)) return host_path<at::_ops::zero_>(self);
+  auto& stream = stream_of(self);
+  if (!runs_on_caller(stream, bytes_of(self))) return host_path<at::_ops::zero_>(self);
+  Guard guard(self);
+  if (self.is_non_overlapping_and_dense() && self.numel() < at::internal::GRAIN_SIZE) {
+    launch(stream, "aten::zero_", [&] { std::memset(self.mutable_data_ptr(), 0, self.nbytes()); });
+  } else {
+    launch(stream, "aten::zero_", [&] { at::native::fill_(self, 0); });
+  }
   return self;
 }
 
 // Advanced indexing with int64 device indices. (Boolean masks need nonzero,
-// int32 and CPU indices a conversion: the host path.) Never queued.
+// int32 and CPU indices a conversion: the host path.) The host path never
+// queues it either: it always runs on the caller.
 at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
-  bool direct = plain(self) && runs_on_caller(self, 0, /*always=*/true);
+  bool direct = plain(self) && !strict_mode();
   for (size_t i = 0; direct && i < indices.size(); ++i) {
     const std::optional<at::Tensor> t = indices[i];
     if (t && t->defined()) direct = plain(*t) && t->device() == self.device() && t->scalar_type() == at::kLong;
   }
   if (!direct) return host_path<at::_ops::index_Tensor>(self, indices);
+  auto& stream = stream_of(self);
   AllocationContext context;
-  c10::DeviceGuard guard(self.device());
+  Guard guard(self);
   Functional<at::native::structured_index_out> op;
   auto precompute = op.meta(self, at::IOptTensorListRef(indices));
-  launch(self, "aten::index", [&] { op.impl(self, precompute.sizes, precompute.strides, op.outputs[0]); });
+  launch(stream, "aten::index", [&] { op.impl(self, precompute.sizes, precompute.strides, op.outputs[0]); });
   return std::move(op.outputs[0]);
 }
 

@@ -184,7 +184,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   at::Tensor dst_h = host_alias(dst);
   // "Memcpy" names read as copies in the profiler (kineto's GPU_MEMCPY).
   const char* kind = !self.is_privateuseone() ? "Memcpy HtoD" : !dst.is_privateuseone() ? "Memcpy DtoH" : "Memcpy DtoD";
-  rt_call([&] { stream.launch([&] { dst_h.copy_(src_h, non_blocking); }, kind); });
+  auto body = [&] { dst_h.copy_(src_h, non_blocking); };
+  rt_call([&] { stream.launch(std::ref(body), kind); });
   return dst;
 }
 

@@ -1,6 +1,7 @@
 #include "Runtime.h"
 
 #include <cstring>
+#include <functional>
 
 #include "CachingAllocator.h"
 #include "Protect.h"
@@ -56,12 +57,14 @@ void memcpy(void* dst, const void* src, size_t bytes, MemcpyKind kind, Stream& s
   const char* name = kind == MemcpyKind::HostToDevice   ? "Memcpy HtoD"
                      : kind == MemcpyKind::DeviceToHost ? "Memcpy DtoH"
                                                         : "Memcpy DtoD";
-  stream.launch([&] { std::memcpy(dst, src, bytes); }, name);
+  auto body = [&] { std::memcpy(dst, src, bytes); };
+  stream.launch(std::ref(body), name);  // (a reference: no std::function allocation)
 }
 
 void memset(void* dst, int value, size_t bytes, Stream& stream) {
   if (bytes == 0) return;
-  stream.launch([&] { std::memset(dst, value, bytes); }, "Memset");
+  auto body = [&] { std::memset(dst, value, bytes); };
+  stream.launch(std::ref(body), "Memset");
 }
 
 void launch(Stream& stream, Kernel& kernel) {

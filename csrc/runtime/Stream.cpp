@@ -33,7 +33,8 @@ struct DeviceStreams {
   std::mutex mutex;
 };
 
-DeviceStreams& streams_of(int device) {
+// For a device already checked.
+DeviceStreams& streams_of_checked(int device) {
   static std::vector<std::unique_ptr<DeviceStreams>> all = [] {
     std::vector<std::unique_ptr<DeviceStreams>> v;
     for (int i = 0; i < device_count(); ++i) {
@@ -41,8 +42,12 @@ DeviceStreams& streams_of(int device) {
     }
     return v;
   }();
-  check_device(device);
   return *all[device];
+}
+
+DeviceStreams& streams_of(int device) {
+  check_device(device);
+  return streams_of_checked(device);
 }
 
 Stream& stream_slot(int device, int64_t id) {
@@ -468,11 +473,11 @@ Stream& pool_stream(int device, int priority) {
 
 Stream& current_stream(int device) {
   check_device(device);
-  if (static_cast<int>(tls_current_stream.size()) <= device) {
-    return default_stream(device);
-  }
-  int64_t id = tls_current_stream[device];
-  return id < 0 ? default_stream(device) : get_stream(device, id);
+  int64_t id = static_cast<int>(tls_current_stream.size()) > device ? tls_current_stream[device] : -1;
+  if (id < 0) id = 0;
+  // Every op asks: an existing stream is returned without stream_slot's checks.
+  if (Stream* s = streams_of_checked(device).streams[id].load(std::memory_order_acquire)) return *s;
+  return stream_slot(device, id);
 }
 
 void set_current_stream(Stream& stream) {
