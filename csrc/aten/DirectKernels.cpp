@@ -74,11 +74,12 @@ at::Tensor empty_on_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, con
   return at::detail::empty_strided_generic(sizes, strides, device_allocator(), keys, dtype);
 }
 
-// The functional form: outputs are allocated on the device (the caller's
-// DeviceGuard selects which).
-template <class Structured, size_t N = 1>
+// The functional form: the output is allocated on the device (the caller's
+// Guard selects which).
+template <class Structured>
 struct Functional final : Structured {
-  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) override {
+  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          c10::TensorOptions options) override {
     set_output_raw_strided(i, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
@@ -90,14 +91,15 @@ struct Functional final : Structured {
     }
   }
   const at::Tensor& maybe_get_output(int64_t i) override { return outputs[i]; }
-  std::array<at::Tensor, N> outputs;
+  std::array<at::Tensor, 1> outputs;
 };
 
 // The in-place form: the output is `self`, which the op may not resize or cast.
 template <class Structured>
 struct InPlace final : Structured {
   explicit InPlace(const at::Tensor& self) : self_(self) {}
-  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::TensorOptions options) override {
+  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          c10::TensorOptions options) override {
     set_output_raw_strided(i, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
@@ -214,10 +216,11 @@ decltype(auto) host_path(Args&&... args) {
 
 // ---- the kernels ---------------------------------------------------------------
 
-// Binary TensorIterator ops with an alpha (add, sub) and without (mul, div).
-template <class Structured, class Op, bool kToFloat = false>
+// Binary TensorIterator ops with an alpha (add, sub) and without (mul, div;
+// kToFloat: integer inputs compute in floating point).
+template <class Structured, class Op>
 at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  at::Tensor b = binary_operand(self, other, kToFloat);
+  at::Tensor b = binary_operand(self, other);
   if (!b.defined()) return host_path<Op>(self, other, alpha);
   auto& stream = stream_of(self);
   if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other, alpha);

@@ -287,7 +287,9 @@ double ns_per_tick() {
   return r;
 }
 
-uint64_t elapsed_ns(uint64_t start) { return static_cast<uint64_t>(static_cast<double>(ticks() - start) * ns_per_tick()); }
+uint64_t elapsed_ns(uint64_t start) {
+  return static_cast<uint64_t>(static_cast<double>(ticks() - start) * ns_per_tick());
+}
 #else
 uint64_t ticks() { return static_cast<uint64_t>(steady_ns()); }
 uint64_t elapsed_ns(uint64_t start) { return ticks() - start; }
