@@ -7,18 +7,19 @@
 // function checks the arguments and sizes the outputs, which are allocated on
 // the device, and its impl runs in a runtime launch, where device memory is
 // host-accessible. The DispatchStubs those impls call resolve, for
-// PrivateUse1, to the CPU kernels (use_cpu_kernels below).
+// PrivateUse1, to the CPU kernels (use_cpu_kernel below).
 //
 // A call takes this path only when it computes what the host path computes:
-// - the host path would run it on the caller too (the stream is idle and the
-//   operands are small, or launches are blocking; runtime.md, "What is
-//   queued"), else it is queued there;
+// - the host path would run it on the caller too: the stream is idle and the
+//   operands are small, launches are blocking, the op is never queued
+//   (index), or the call comes from inside a running kernel (sum's fill_);
+//   runtime.md, "What is queued". Otherwise the host path queues it;
 // - no device operand needs a dtype conversion: TensorIterator converts
 //   operands (into temporaries) only when its common device is the CPU, as
 //   other devices' kernels convert while loading, and CPU kernels do not;
 // - its CPU operands are scalars: a wrapped number (a Python scalar) is
 //   converted to the op's dtype here, as TensorIterator would on the CPU
-//   (not for float16/bfloat16, whose CPU kernels read the unconverted value);
+//   (see binary_operand for the exceptions);
 // - no negative or conjugate bit, no zero tensor, and not in strict mode
 //   (Fidelity.h, which checks each result).
 // Anything else takes the host path, which raises the same errors.
@@ -191,7 +192,9 @@ at::Tensor binary_operand(const at::Tensor& self, const at::Tensor& other, bool 
   if (other.scalar_type() == dtype) return other;
   // A wrapped number converts to the tensor's dtype unless its category is
   // higher (2.5 + an int tensor is a float tensor): then the host path
-  // promotes. Not a bool: meta functions check for one (sub refuses it).
+  // promotes. Not for float16/bfloat16 tensors, whose CPU kernels read the
+  // scalar's unconverted value; not a bool, which meta functions check for
+  // (sub refuses one).
   if (!other.unsafeGetTensorImpl()->is_wrapped_number() || c10::isReducedFloatingType(dtype) ||
       other.scalar_type() == at::kBool || category(other.scalar_type()) > category(dtype)) {
     return {};
