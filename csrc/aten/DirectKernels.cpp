@@ -219,61 +219,36 @@ decltype(auto) host_path(Args&&... args) {
 
 // ---- the kernels ---------------------------------------------------------------
 
-// Binary TensorIterator ops with an alpha (add, sub) and without (mul, div;
-// kToFloat: integer inputs compute in floating point).
-template <class Structured, class Op>
-at::Tensor binary_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  at::Tensor b = binary_operand(self, other);
-  if (!b.defined()) return host_path<Op>(self, other, alpha);
-  auto& stream = stream_of(self);
-  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other, alpha);
+// `other` for a binary op on `self` on the direct path, or an undefined
+// tensor when the host path runs it.
+at::Tensor direct_other(const at::Tensor& self, const at::Tensor& other, bool to_float) {
+  at::Tensor b = binary_operand(self, other, to_float);
+  if (b.defined() && !runs_on_caller(stream_of(self), bytes_of(self) + bytes_of(b))) return {};
+  return b;
+}
+
+// Binary TensorIterator ops: add, sub (`extra` is their alpha), mul, div
+// (kToFloat: integer inputs compute in floating point).
+template <class Structured, class Op, bool kToFloat, class... Extra>
+at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
+  const at::Tensor b = direct_other(self, other, kToFloat);
+  if (!b.defined()) return host_path<Op>(self, other, extra...);
   AllocationContext context;
   Guard guard(self);
   Functional<Structured> op;
-  op.meta(self, b, alpha);
-  launch(stream, Op::name, [&] { op.impl(self, b, alpha, op.outputs[0]); });
+  op.meta(self, b, extra...);
+  launch(stream_of(self), Op::name, [&] { op.impl(self, b, extra..., op.outputs[0]); });
   return std::move(op.outputs[0]);
 }
 
-template <class Structured, class Op>
-at::Tensor& binary_alpha_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  at::Tensor b = binary_operand(self, other);
-  if (!b.defined()) return host_path<Op>(self, other, alpha);
-  auto& stream = stream_of(self);
-  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other, alpha);
-  AllocationContext context;
+template <class Structured, class Op, bool kToFloat, class... Extra>
+at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
+  const at::Tensor b = direct_other(self, other, kToFloat);
+  if (!b.defined()) return host_path<Op>(self, other, extra...);
   Guard guard(self);
   InPlace<Structured> op(self);
-  op.meta(self, b, alpha);
-  launch(stream, Op::name, [&] { op.impl(self, b, alpha, self); });
-  return self;
-}
-
-template <class Structured, class Op, bool kToFloat = false>
-at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
-  at::Tensor b = binary_operand(self, other, kToFloat);
-  if (!b.defined()) return host_path<Op>(self, other);
-  auto& stream = stream_of(self);
-  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other);
-  AllocationContext context;
-  Guard guard(self);
-  Functional<Structured> op;
-  op.meta(self, b);
-  launch(stream, Op::name, [&] { op.impl(self, b, op.outputs[0]); });
-  return std::move(op.outputs[0]);
-}
-
-template <class Structured, class Op, bool kToFloat = false>
-at::Tensor& binary_(at::Tensor& self, const at::Tensor& other) {
-  at::Tensor b = binary_operand(self, other, kToFloat);
-  if (!b.defined()) return host_path<Op>(self, other);
-  auto& stream = stream_of(self);
-  if (!runs_on_caller(stream, bytes_of(self) + bytes_of(b))) return host_path<Op>(self, other);
-  AllocationContext context;
-  Guard guard(self);
-  InPlace<Structured> op(self);
-  op.meta(self, b);
-  launch(stream, Op::name, [&] { op.impl(self, b, self); });
+  op.meta(self, b, extra...);
+  launch(stream_of(self), Op::name, [&] { op.impl(self, b, extra..., self); });
   return self;
 }
 
@@ -364,12 +339,12 @@ void use_cpu_kernel(Stub& stub) {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace at::native;
-  m.impl("add.Tensor", TORCH_FN((binary_alpha<structured_ufunc_add_CPU, at::_ops::add_Tensor>)));
-  m.impl("add_.Tensor", TORCH_FN((binary_alpha_<structured_ufunc_add_CPU, at::_ops::add__Tensor>)));
-  m.impl("sub.Tensor", TORCH_FN((binary_alpha<structured_sub_out, at::_ops::sub_Tensor>)));
-  m.impl("sub_.Tensor", TORCH_FN((binary_alpha_<structured_sub_out, at::_ops::sub__Tensor>)));
-  m.impl("mul.Tensor", TORCH_FN((binary<structured_mul_out, at::_ops::mul_Tensor>)));
-  m.impl("mul_.Tensor", TORCH_FN((binary_<structured_mul_out, at::_ops::mul__Tensor>)));
+  m.impl("add.Tensor", TORCH_FN((binary<structured_ufunc_add_CPU, at::_ops::add_Tensor, false, at::Scalar>)));
+  m.impl("add_.Tensor", TORCH_FN((binary_<structured_ufunc_add_CPU, at::_ops::add__Tensor, false, at::Scalar>)));
+  m.impl("sub.Tensor", TORCH_FN((binary<structured_sub_out, at::_ops::sub_Tensor, false, at::Scalar>)));
+  m.impl("sub_.Tensor", TORCH_FN((binary_<structured_sub_out, at::_ops::sub__Tensor, false, at::Scalar>)));
+  m.impl("mul.Tensor", TORCH_FN((binary<structured_mul_out, at::_ops::mul_Tensor, false>)));
+  m.impl("mul_.Tensor", TORCH_FN((binary_<structured_mul_out, at::_ops::mul__Tensor, false>)));
   m.impl("div.Tensor", TORCH_FN((binary<structured_div_out, at::_ops::div_Tensor, true>)));
   m.impl("div_.Tensor", TORCH_FN((binary_<structured_div_out, at::_ops::div__Tensor, true>)));
   m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
