@@ -130,15 +130,17 @@ size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t
 
 neuronrt::Stream& stream_of(const at::Tensor& self) { return neuronrt::current_stream(self.device().index()); }
 
-// Whether the host path would run the op on the caller as well (see the top).
-// Queued ops run there when their stream is idle and their operands small
-// (the rule of launch_async). Inside a kernel (an op's kernel calling
-// another op), work runs inline.
-bool runs_on_caller(const neuronrt::Stream& stream, size_t bytes) {
-  if (strict_mode()) return false;
-  if (neuronrt::in_kernel() || neuronrt::launch_blocking()) return true;
-  if (bytes > neuronrt::Stream::kInlineBytes / 2) return false;
-  return stream.query() && !stream.failed();
+// The stream of an op on `self` whose operands total `bytes`, if the host
+// path would run it on the caller as well (see the top), else null. Queued
+// ops run there when their stream is idle and their operands small (the rule
+// of launch_async). Inside a kernel (an op's kernel calling another op),
+// work runs inline.
+neuronrt::Stream* caller_stream(const at::Tensor& self, size_t bytes) {
+  if (strict_mode()) return nullptr;
+  neuronrt::Stream& stream = stream_of(self);
+  if (neuronrt::in_kernel() || neuronrt::launch_blocking()) return &stream;
+  if (bytes > neuronrt::Stream::kInlineBytes / 2 || !stream.query() || stream.failed()) return nullptr;
+  return &stream;
 }
 
 // Runs `body` (a kernel over device memory) on the stream, on the caller; as
@@ -219,36 +221,30 @@ decltype(auto) host_path(Args&&... args) {
 
 // ---- the kernels ---------------------------------------------------------------
 
-// `other` for a binary op on `self` on the direct path, or an undefined
-// tensor when the host path runs it.
-at::Tensor direct_other(const at::Tensor& self, const at::Tensor& other, bool to_float) {
-  at::Tensor b = binary_operand(self, other, to_float);
-  if (b.defined() && !runs_on_caller(stream_of(self), bytes_of(self) + bytes_of(b))) return {};
-  return b;
-}
-
 // Binary TensorIterator ops: add, sub (`extra` is their alpha), mul, div
 // (kToFloat: integer inputs compute in floating point).
 template <class Structured, class Op, bool kToFloat, class... Extra>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
-  const at::Tensor b = direct_other(self, other, kToFloat);
-  if (!b.defined()) return host_path<Op>(self, other, extra...);
+  const at::Tensor b = binary_operand(self, other, kToFloat);
+  auto* stream = b.defined() ? caller_stream(self, bytes_of(self) + bytes_of(b)) : nullptr;
+  if (!stream) return host_path<Op>(self, other, extra...);
   AllocationContext context;
   Guard guard(self);
   Functional<Structured> op;
   op.meta(self, b, extra...);
-  launch(stream_of(self), Op::name, [&] { op.impl(self, b, extra..., op.outputs[0]); });
+  launch(*stream, Op::name, [&] { op.impl(self, b, extra..., op.outputs[0]); });
   return std::move(op.outputs[0]);
 }
 
 template <class Structured, class Op, bool kToFloat, class... Extra>
 at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
-  const at::Tensor b = direct_other(self, other, kToFloat);
-  if (!b.defined()) return host_path<Op>(self, other, extra...);
+  const at::Tensor b = binary_operand(self, other, kToFloat);
+  auto* stream = b.defined() ? caller_stream(self, bytes_of(self) + bytes_of(b)) : nullptr;
+  if (!stream) return host_path<Op>(self, other, extra...);
   Guard guard(self);
   InPlace<Structured> op(self);
   op.meta(self, b, extra...);
-  launch(stream_of(self), Op::name, [&] { op.impl(self, b, extra..., self); });
+  launch(*stream, Op::name, [&] { op.impl(self, b, extra..., self); });
   return self;
 }
 
@@ -260,8 +256,8 @@ at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dim, bool kee
   const bool direct = plain(self) && category(self.scalar_type()) >= 2 &&
                       !c10::isReducedFloatingType(self.scalar_type()) && (!dtype || *dtype == self.scalar_type()) &&
                       self.numel() > 0;
-  auto* stream = direct ? &stream_of(self) : nullptr;
-  if (!stream || !runs_on_caller(*stream, bytes_of(self))) {
+  auto* stream = direct ? caller_stream(self, bytes_of(self)) : nullptr;
+  if (!stream) {
     return host_path<at::_ops::sum_dim_IntList>(self, dim, keepdim, dtype);
   }
   AllocationContext context;
@@ -273,25 +269,23 @@ at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dim, bool kee
 }
 
 at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
-  if (!plain(self)) return host_path<at::_ops::fill__Scalar>(self, value);
-  auto& stream = stream_of(self);
-  if (!runs_on_caller(stream, bytes_of(self))) return host_path<at::_ops::fill__Scalar>(self, value);
+  auto* stream = plain(self) ? caller_stream(self, bytes_of(self)) : nullptr;
+  if (!stream) return host_path<at::_ops::fill__Scalar>(self, value);
   Guard guard(self);
-  launch(stream, "aten::fill_", [&] { at::native::fill_(self, value); });
+  launch(*stream, "aten::fill_", [&] { at::native::fill_(self, value); });
   return self;
 }
 
 // As on the CPU, a small dense tensor is cleared with memset (all-zero bytes
 // are zero in every dtype), anything else filled by the fill kernel.
 at::Tensor& zero_(at::Tensor& self) {
-  if (!plain(self)) return host_path<at::_ops::zero_>(self);
-  auto& stream = stream_of(self);
-  if (!runs_on_caller(stream, bytes_of(self))) return host_path<at::_ops::zero_>(self);
+  auto* stream = plain(self) ? caller_stream(self, bytes_of(self)) : nullptr;
+  if (!stream) return host_path<at::_ops::zero_>(self);
   Guard guard(self);
   if (self.is_non_overlapping_and_dense() && self.numel() < at::internal::GRAIN_SIZE) {
-    launch(stream, "aten::zero_", [&] { std::memset(self.mutable_data_ptr(), 0, self.nbytes()); });
+    launch(*stream, "aten::zero_", [&] { std::memset(self.mutable_data_ptr(), 0, self.nbytes()); });
   } else {
-    launch(stream, "aten::zero_", [&] { at::native::fill_(self, 0); });
+    launch(*stream, "aten::zero_", [&] { at::native::fill_(self, 0); });
   }
   return self;
 }

@@ -48,10 +48,11 @@ def _rand(shape, dtype):
     g = torch.Generator().manual_seed(len(shape) * 7 + 1)
     if dtype == torch.bool:
         return torch.rand(shape, generator=g) > 0.5
-    if dtype.is_floating_point or dtype.is_complex:
-        return (torch.randn(shape, generator=g) * 3).to(dtype) if not dtype.is_complex else \
-            torch.randn(shape, dtype=dtype, generator=g)
-    # nonzero integers: integer division by zero differs by nothing but is pointless
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype, generator=g)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    # nonzero integers, so that divisions have finite results
     return torch.randint(1, 9, shape, generator=g).to(dtype)
 
 
