@@ -11,6 +11,7 @@ abort and timeouts that name the collective.
 Registered when ``torch_neuronx`` is imported (``import torch`` autoloads it);
 ``torch.distributed`` is already imported by then, so this costs nothing.
 """
+import atexit
 import os
 from datetime import timedelta
 
@@ -71,3 +72,6 @@ def _register():
     from . import _distributed_compat
 
     _distributed_compat.install()
+    # Before finalization: completions that finish on transport threads drop
+    # tensor references (and take the GIL); see quiesceCompletions.
+    atexit.register(_C._distributed._quiesce_completions, timedelta(seconds=30))

@@ -299,6 +299,53 @@ c10::intrusive_ptr<Store> attempt_store(const c10::intrusive_ptr<Store>& store) 
   return c10::make_intrusive<PrefixStore>(c10::str("neuron/", attempt ? attempt : "0", "/"), store);
 }
 
+// Works complete on transport threads (Gloo's, the completion queue's, the
+// watchdog). Dropping a work's last reference there can drop a tensor's last
+// C++ reference, which releases its PyObject under the GIL; a thread that
+// asks for the GIL while the interpreter finalizes ends with pthread_exit
+// through a noexcept frame: std::terminate. So those threads complete and
+// release works inside a CompletionScope, and at exit (atexit, before
+// finalization) quiesceCompletions() waits for the open scopes and makes
+// later ones leak what they hold: the process is going away.
+struct CompletionState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int open = 0;
+  bool exiting = false;
+};
+
+CompletionState& completion_state() {
+  static auto* state = new CompletionState();  // outlives static destruction
+  return *state;
+}
+
+class CompletionScope {
+ public:
+  CompletionScope() {
+    auto& s = completion_state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    active_ = !s.exiting;
+    if (active_) ++s.open;
+  }
+  ~CompletionScope() {
+    if (!active_) return;
+    auto& s = completion_state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (--s.open == 0) s.cv.notify_all();
+  }
+  CompletionScope(const CompletionScope&) = delete;
+  CompletionScope& operator=(const CompletionScope&) = delete;
+  // False once the process exits: the caller leaks instead of completing.
+  bool active() const { return active_; }
+  template <class T>
+  static void leak(T&& value) {
+    (void)new std::decay_t<T>(std::forward<T>(value));
+  }
+
+ private:
+  bool active_ = false;
+};
+
 }  // namespace
 
 // ---- WorkNeuron --------------------------------------------------------------
@@ -729,8 +776,9 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
   if (fut) {
     // The callback (and with it the host access) lives until the transport's
     // future completes, also when our work completed early (a timeout).
-    fut->addCallback([work, after = std::move(after), access = std::move(access)](c10::ivalue::Future& f) {
-      work->complete(f.hasError() ? f.exception_ptr() : nullptr, after);
+    fut->addCallback([work, after = std::move(after), access = std::move(access)](c10::ivalue::Future& f) mutable {
+      Waiting item{std::move(work), nullptr, std::move(after), std::move(access)};
+      finish(std::move(item), f.hasError() ? f.exception_ptr() : nullptr);
     });
     return;
   }
@@ -740,6 +788,20 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
     if (!completionThread_.joinable()) completionThread_ = std::thread(&ProcessGroupNeuron::completionLoop, queue_);
   }
   queue_->cv.notify_one();
+}
+
+void ProcessGroupNeuron::finish(Waiting item, std::exception_ptr error) {
+  CompletionScope scope;
+  if (!scope.active()) return CompletionScope::leak(std::move(item));
+  item.work->complete(error, item.after);
+  item = Waiting{};  // the references drop inside the scope
+}
+
+void ProcessGroupNeuron::quiesceCompletions(std::chrono::milliseconds timeout) {
+  auto& s = completion_state();
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.exiting = true;
+  s.cv.wait_for(lock, timeout, [&] { return s.open == 0; });
 }
 
 void ProcessGroupNeuron::watch(const c10::intrusive_ptr<WorkNeuron>& work) {
@@ -776,8 +838,9 @@ void ProcessGroupNeuron::completionLoop(std::shared_ptr<CompletionQueue> queue) 
     } catch (...) {
       error = std::current_exception();
     }
-    item.work->complete(error, item.after);
-    if (error && item.access) lingering.push_back(std::move(item));
+    // A failed transport may still touch the buffers: keep the host access.
+    if (error && item.access) lingering.push_back({nullptr, item.transport, nullptr, item.access});
+    finish(std::move(item), error);
     std::lock_guard<std::mutex> lock(queue->mutex);
     queue->busy = false;
   }
@@ -816,10 +879,10 @@ void ProcessGroupNeuron::watchdogLoop() {
       }
     }
     for (auto& w : late) {
-      w->complete(std::make_exception_ptr(c10::DistBackendError(
-                      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                      c10::str("timed out: not completed after ", w->timeout_.count(), " ms"))),
-                  {});  // queues the timeout for the next round
+      const auto error = std::make_exception_ptr(
+          c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                c10::str("timed out: not completed after ", w->timeout_.count(), " ms")));
+      finish({std::move(w), nullptr, nullptr, nullptr}, error);  // queues the timeout for the next round
     }
   }
 }

@@ -127,6 +127,10 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   void abort() override;
   void shutdown() override;
   ErrorType getError() override { return error_->load(); }
+  // At interpreter exit (atexit, before finalization): waits up to `timeout`
+  // for completions running on transport threads; later ones leave their
+  // works uncompleted and their references leaked (see the .cpp).
+  static void quiesceCompletions(std::chrono::milliseconds timeout);
   void setSequenceNumberForGroup() override;
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setGroupUid(const std::string& pg_uid) override;
@@ -263,6 +267,9 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   };
   std::shared_ptr<CompletionQueue> queue_ = std::make_shared<CompletionQueue>();
   static void completionLoop(std::shared_ptr<CompletionQueue> queue);
+  // Completes item.work on a transport thread and drops the item's
+  // references there, unless the process is exiting (see the .cpp).
+  static void finish(Waiting item, std::exception_ptr error);
   std::thread completionThread_;
 
   // split() is called once per device type bound to this backend ("neuron"

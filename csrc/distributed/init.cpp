@@ -39,6 +39,9 @@ void init_distributed_bindings(py::module& m) {
       .def_property_readonly("_transport", &ProcessGroupNeuron::transport)
       .def("get_error", [](ProcessGroupNeuron& self) { return static_cast<int>(self.getError()); },
            "0 success, 1 timeout, 2 communication error, 3 remote error (c10d::ErrorType)");
+  d.def("_quiesce_completions", &ProcessGroupNeuron::quiesceCompletions, py::arg("timeout"),
+        py::call_guard<py::gil_scoped_release>(),
+        "At exit: waits for completions on transport threads; later ones leak instead of taking the GIL");
 }
 
 }  // namespace torch_neuronx

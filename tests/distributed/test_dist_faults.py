@@ -202,3 +202,30 @@ os._exit(0)
     assert "exitcode  : 1" in proc.stderr, proc.stderr[-3000:]
     # Launch to the end of the whole job (rank 1 is then stopped by torchrun).
     assert ended - float(stamp.read_text()) < TIMEOUT_S + 3, ended - float(stamp.read_text())
+
+
+def test_exit_with_works_completing():
+    """A rank that drops its works and exits while the transport is still
+    completing them: the completions release tensors the script still holds
+    (which takes the GIL) and must not do so during finalization, where the
+    thread would be ended through a noexcept frame (std::terminate, rc 134).
+    The exit point sweeps across the completions, ten jobs."""
+    script = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("neuron")
+rank = dist.get_rank()
+dev = torch.device("neuron", rank)
+bufs = [torch.full((1024,), float(rank), device=dev) for _ in range(8)]
+# Broadcast goes through the transport's futures; the last references to
+# the works are then the transport's completion callbacks.
+works = [dist.broadcast(b, src=1, async_op=True) for b in bufs]
+del works
+end = time.perf_counter() + float(os.environ["EXIT_DELAY"])
+while time.perf_counter() < end:
+    pass
+print("OK", rank, flush=True)
+"""
+    for i in range(10):
+        proc, _ = torchrun(script, timeout=90, env={"EXIT_DELAY": str(i * 0.0007)})
+        assert proc.returncode == 0, (i, proc.stdout[-2000:] + proc.stderr[-4000:])
+        assert proc.stdout.count("OK") == 2, proc.stdout[-2000:]
