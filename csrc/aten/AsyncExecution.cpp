@@ -383,7 +383,7 @@ class OpKernel final : public neuronrt::Kernel {
     caller_.apply();
     torch::jit::Stack stack(args_);
     if (mode_ == Mode::Out) stack.insert(stack.end(), outputs_.begin(), outputs_.end());
-    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    run_host_kernel(op_, &stack);
     if (mode_ == Mode::Copy) {
       for (size_t i = 0; i < outputs_.size(); ++i) outputs_[i].copy_(stack[i].toTensor());
     }

@@ -387,7 +387,7 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     StagingScope staging(device);
     rt_call([&] {
       neuronrt::current_stream(device).launch(
-          [&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); }, schema.name().c_str());
+          [&] { run_host_kernel(op, stack); }, schema.name().c_str());
     });
   }
   if (gen) gen->reserve(static_cast<uint64_t>(max_numel(*stack, stack->size() - schema.returns().size())));

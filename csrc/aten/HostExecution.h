@@ -24,6 +24,13 @@ namespace at::neuron {
 // table and by the fallback.
 void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Runs `op`'s kernel on the host aliases in `stack`, inside a launch: one of
+// the runtime's own kernels where one covers the call (DeviceKernels.cpp),
+// else the op's CPU kernel.
+void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Matmuls the GEMV kernel has run so far (tests check which kernel ran).
+int64_t gemv_calls();
+
 // Queues `op` on `device`'s current stream when its outputs can be allocated
 // without running it (AsyncExecution.cpp); returns false, leaving `stack`
 // untouched, for ops that run synchronously.

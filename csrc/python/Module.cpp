@@ -11,6 +11,7 @@
 #include "csrc/aten/NeuronGenerator.h"
 #include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Device.h"
+#include "csrc/runtime/Gemv.h"
 #include "csrc/runtime/Process.h"
 #include "csrc/runtime/Runtime.h"
 
@@ -84,6 +85,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
         "Registers the device kernel table; returns the registered op names.");
   m.def("_fallback_counts", &at::neuron::fallback_counts);
+  m.def("_gemv_calls", &at::neuron::gemv_calls, "matmuls run by the runtime's GEMV kernel (DeviceKernels.cpp)");
+  m.def("_gemv_isa", &neuronrt::gemv_isa, "the GEMV kernel build in use: avx512, avx2 or generic");
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
 
   // Unchecked (0 for a malformed configuration): safe during import.

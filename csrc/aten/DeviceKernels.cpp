@@ -1,0 +1,128 @@
+// The runtime's own kernels for cases of ATen ops, run by the host path in
+// place of the op's CPU kernel.
+//
+// Matmuls with one to four rows (a decode step's projections, batch <= 4):
+// `mm` and `addmm` (bias row, beta = alpha = 1) in float32, with the
+// weight a transposed row-major matrix as nn.Linear and Inductor pass it, run
+// neuronrt::gemv_f32 (runtime/Gemv.h), split across the caller's threads.
+// They are bound by reading the weights once, which the CPU kernel (a GEMM
+// library) does at about a third of the memory bandwidth. Small weights
+// (< 64 KiB) keep the CPU kernel. Results differ from the CPU kernel's by
+// summation order only (matmul tolerances).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include "HostExecution.h"
+#include "csrc/runtime/Gemv.h"
+
+namespace at::neuron {
+namespace {
+
+constexpr int64_t kMinWeightBytes = 64 * 1024;
+// Rows of the weight per thread chunk: at least this many bytes each.
+constexpr int64_t kChunkBytes = 128 * 1024;
+
+std::atomic<int64_t> gemv_calls_{0};
+
+const c10::FunctionSchema* schema_of(const char* name, const char* overload) {
+  return &c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).schema();
+}
+
+bool f32(const at::Tensor& t) {
+  return t.defined() && t.scalar_type() == at::kFloat && t.layout() == c10::kStrided && !t.is_neg() && !t.is_conj();
+}
+
+// The bytes a strided tensor spans (its strides are non-negative here).
+std::pair<uintptr_t, uintptr_t> span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  return {begin, begin + static_cast<uintptr_t>(last + 1) * t.element_size()};
+}
+
+// Disjoint memory (at::get_overlap_status gives up on non-dense views).
+bool apart(const at::Tensor& out, const at::Tensor& in) {
+  const auto [b0, e0] = span(out);
+  const auto [b1, e1] = span(in);
+  return e0 <= b1 || e1 <= b0;
+}
+
+// out = bias + a @ wt for a [M, K] (M <= 4), wt [K, N] with wt.t() row-major;
+// false (nothing written) when the call is not that case.
+bool gemv(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, const at::Tensor& out) {
+  if (!f32(a) || !f32(wt) || !f32(out) || (bias && !f32(*bias))) return false;
+  if (a.dim() != 2 || wt.dim() != 2 || out.dim() != 2) return false;
+  const int64_t m = a.size(0), k = a.size(1), n = wt.size(1);
+  if (m < 1 || m > neuronrt::kGemvMaxRows || k < 1 || wt.size(0) != k || n < 1) return false;
+  if (n * k * 4 < kMinWeightBytes || out.size(0) != m || out.size(1) != n) return false;
+  if (a.stride(1) != 1 || wt.stride(0) != 1 || out.stride(1) != 1) return false;
+  if (bias) {
+    // A bias row: [N], or [1 or M, N] broadcast over the rows.
+    const at::Tensor& b = *bias;
+    const bool row = (b.dim() == 1 && b.size(0) == n && b.stride(0) == 1) ||
+                     (b.dim() == 2 && b.size(1) == n && b.stride(1) == 1 && (b.size(0) == 1 || b.stride(0) == 0));
+    if (!row || !apart(out, b)) return false;
+  }
+  // Output rows may not overlap each other (e.g. a stride-0 expanded out=).
+  if (m > 1 && out.stride(0) < n) return false;
+  if (!apart(out, a) || !apart(out, wt)) return false;
+  const float* pa = a.const_data_ptr<float>();
+  const float* pw = wt.const_data_ptr<float>();
+  const float* pb = bias ? bias->const_data_ptr<float>() : nullptr;
+  float* po = out.mutable_data_ptr<float>();
+  const int64_t lda = a.stride(0), ldw = wt.stride(1), ldo = out.stride(0);
+  const int64_t grain = std::max<int64_t>(16, kChunkBytes / (k * 4));
+  gemv_calls_.fetch_add(1, std::memory_order_relaxed);
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    neuronrt::gemv_f32(m, begin, end, k, pa, lda, pw, ldw, pb, po, ldo);
+  });
+  return true;
+}
+
+bool is_one(const c10::IValue& v) { return v.isScalar() && v.toScalar().equal(1); }
+
+// Runs the call when a runtime kernel covers it; the stack then holds the
+// op's return, as after the CPU kernel. (Functional forms reach here from
+// the synchronous host path, which maps their host output back.)
+bool device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const auto* mm = schema_of("aten::mm", "");
+  static const auto* mm_out = schema_of("aten::mm", "out");
+  static const auto* addmm = schema_of("aten::addmm", "");
+  static const auto* addmm_out = schema_of("aten::addmm", "out");
+  const c10::FunctionSchema* schema = &op.schema();
+  const bool is_mm = schema == mm || schema == mm_out;
+  if (!is_mm && schema != addmm && schema != addmm_out) return false;
+  const bool given_out = schema == mm_out || schema == addmm_out;
+  auto& s = *stack;
+  const size_t args = (is_mm ? 2 : 5) + (given_out ? 1 : 0);
+  const size_t first = s.size() - args;
+  if (!is_mm && (!is_one(s[first + 3]) || !is_one(s[first + 4]))) return false;
+  const at::Tensor a = s[first + (is_mm ? 0 : 1)].toTensor();
+  const at::Tensor wt = s[first + (is_mm ? 1 : 2)].toTensor();
+  at::Tensor out = given_out ? s.back().toTensor() : at::Tensor();
+  if (!out.defined()) {
+    if (!f32(a) || a.dim() != 2 || wt.dim() != 2) return false;
+    out = at::empty({a.size(0), wt.size(1)}, a.options());
+  }
+  const at::Tensor bias = is_mm ? at::Tensor() : s[first].toTensor();
+  if (!gemv(a, wt, is_mm ? nullptr : &bias, out)) return false;
+  torch::jit::drop(s, args);
+  s.emplace_back(std::move(out));
+  return true;
+}
+
+}  // namespace
+
+int64_t gemv_calls() { return gemv_calls_.load(std::memory_order_relaxed); }
+
+void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (device_kernel(op, stack)) return;
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+}  // namespace at::neuron

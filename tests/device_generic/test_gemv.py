@@ -1,0 +1,145 @@
+"""The runtime's GEMV kernel for matmuls of one to four rows
+(csrc/aten/DeviceKernels.cpp, csrc/runtime/Gemv.h): `mm.out` and `addmm.out`
+in float32 with a transposed row-major weight, as nn.Linear, F.linear,
+`x @ w.t()` and Inductor's extern mm calls give it. Each case checks which
+kernel ran (the GEMV kernel counts its calls) and the result against a
+float64 reference within float32 rounding of the products' magnitudes, as
+for the CPU's own result; cases the kernel does not cover (more rows, a
+scaled addmm, a non-transposed weight, other dtypes, small weights, a
+strided output) must run the CPU kernel and match it exactly.
+
+Runs under PyTorch's device-generic framework; see _dg_common.py."""
+import torch
+import torch.nn.functional as F
+import torch_neuronx
+from torch.testing._internal.common_device_type import dtypes
+from torch.testing._internal.common_utils import parametrize, run_tests
+
+from _dg_common import DeviceTestCase, instantiate
+
+
+def _rand(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+# name -> (fn(a, w, b) computing a @ w.t() (+ b), whether it has a bias)
+FORMS = {
+    "matmul": lambda a, w, b: a @ w.t(),
+    "linear": lambda a, w, b: F.linear(a, w),
+    "linear_bias": lambda a, w, b: F.linear(a, w, b),
+    "linear_3d_bias": lambda a, w, b: F.linear(a.unsqueeze(0), w, b),
+    "mm_out": lambda a, w, b: torch.mm(a, w.t(), out=torch.empty(a.shape[0], w.shape[0], device=a.device)),
+    "addmm_bias_row": lambda a, w, b: torch.addmm(b.unsqueeze(0), a, w.t()),
+    "addmm_out": lambda a, w, b: torch.addmm(b, a, w.t(), out=torch.empty(a.shape[0], w.shape[0], device=a.device)),
+}
+
+
+class TestGemv(DeviceTestCase):
+    def _calls(self, fn):
+        """fn()'s result (synchronized) and the GEMV kernel calls it made."""
+        torch.neuron.synchronize()
+        before = torch_neuronx._C._gemv_calls()
+        out = fn()
+        torch.neuron.synchronize()
+        return out, torch_neuronx._C._gemv_calls() - before
+
+    def _close(self, got, a, w, b):
+        """got = a @ w.t() + b within float32 rounding of the products' magnitudes."""
+        a64, w64 = a.double(), w.double()
+        ref = a64 @ w64.t() + (b.double() if b is not None else 0)
+        mag = a64.abs() @ w64.abs().t() + (b.double().abs() if b is not None else 0)
+        err = (got.cpu().double() - ref).abs()
+        self.assertTrue(bool((err <= 1e-6 * mag + 1e-6).all()), f"max error {err.max().item():.3g}")
+
+    @parametrize("form", list(FORMS))
+    @parametrize("rows", [1, 2, 3, 4])
+    @parametrize("k,n", [(576, 1536), (100, 1001), (17, 4000)])
+    def test_gemv_matches_reference(self, device, form, rows, k, n):
+        a, w, b = _rand(rows, k, seed=1), _rand(n, k, seed=2), _rand(n, seed=3)
+        has_bias = "bias" in form or form.startswith("addmm")
+        fn = FORMS[form]
+        got, calls = self._calls(lambda: fn(a.to(device), w.to(device), b.to(device)))
+        self.assertEqual(calls, 1)
+        self.assertEqual(got.device.type, "neuron")
+        want = fn(a, w, b)
+        self.assertEqual(got.shape, want.shape)
+        got = got.reshape(rows, n)
+        self._close(got, a, w, b if has_bias else None)
+        self._close(want.reshape(rows, n), a, w, b if has_bias else None)  # the bound holds for the CPU too
+
+    @parametrize("busy", [False, True])
+    def test_strided_operands(self, device, busy):
+        # Rows of a and w inside wider matrices (leading dimensions > K), the
+        # weight a slice of a larger one; behind queued matmuls or not.
+        big_a, big_w = _rand(4, 600, seed=4), _rand(1200, 700, seed=5)
+        a, w = big_a[:, 10:586], big_w[100:1100, 50:626]
+        da, dw = big_a.to(device)[:, 10:586], big_w.to(device)[100:1100, 50:626]
+        if busy:
+            x = torch.randn(256, 256, device=device)
+            for _ in range(4):
+                x = x @ x.t() / 256
+        got, calls = self._calls(lambda: da @ dw.t())
+        self.assertEqual(calls, 1)
+        self._close(got, a, w, None)
+
+    def test_results_stay_on_their_rows(self):
+        # out= into rows of a larger matrix (leading dimension > N): the other rows are untouched.
+        device = "neuron"
+        a, w = _rand(2, 576, seed=6), _rand(1536, 576, seed=7)
+        out = torch.full((3, 2000), -1.0, device=device)
+        view = out[:2, 100:1636]
+        _, calls = self._calls(lambda: torch.mm(a.to(device), w.to(device).t(), out=view))
+        self.assertEqual(calls, 1)
+        host = out.cpu()
+        self._close(host[:2, 100:1636], a, w, None)
+        self.assertTrue(bool((host[2] == -1).all() and (host[:, :100] == -1).all() and (host[:, 1636:] == -1).all()))
+
+    @parametrize("case", ["five_rows", "alpha", "beta", "weight_not_transposed", "small_weight", "strided_out",
+                          "full_bias", "out_aliases_input"])
+    def test_other_cases_run_the_cpu_kernel(self, device, case):
+        a, w, b = _rand(2, 576, seed=8), _rand(1536, 576, seed=9), _rand(1536, seed=10)
+        fns = {
+            "five_rows": lambda a, w, b: _rand(5, 576, seed=11).to(a.device) @ w.t(),
+            "alpha": lambda a, w, b: torch.addmm(b, a, w.t(), alpha=0.5),
+            "beta": lambda a, w, b: torch.addmm(b, a, w.t(), beta=2),
+            "weight_not_transposed": lambda a, w, b: a @ w.reshape(576, 1536),
+            "small_weight": lambda a, w, b: a[:, :64] @ w[:200, :64].t(),
+            "strided_out": lambda a, w, b: torch.mm(a, w.t(), out=torch.empty(1536, 2, device=a.device).t()),
+            "full_bias": lambda a, w, b: torch.addmm(b.expand(2, 1536).contiguous(), a, w.t()),
+            "out_aliases_input": lambda a, w, b: torch.mm(a, w[:576].t(), out=w[:2].view(2, 576).zero_().view(2, 576)),
+        }
+        fn = fns[case]
+        got, calls = self._calls(lambda: fn(a.to(device), w.to(device), b.to(device)))
+        self.assertEqual(calls, 0)
+        self.assertEqual(got.cpu(), fn(a, w.clone(), b), rtol=0, atol=0)
+
+    @dtypes(torch.float64, torch.bfloat16, torch.float16)
+    def test_other_dtypes_run_the_cpu_kernel(self, device, dtype):
+        a, w = _rand(1, 576, seed=12, dtype=dtype), _rand(1536, 576, seed=13, dtype=dtype)
+        got, calls = self._calls(lambda: a.to(device) @ w.to(device).t())
+        self.assertEqual(calls, 0)
+        self.assertEqual(got.cpu(), a @ w.t(), rtol=0, atol=0)
+
+    def test_compiled_linear(self):
+        # Inductor's wrapper calls extern mm/addmm with out=: the same kernel.
+        device = "neuron"
+        torch._dynamo.reset()
+        lin = torch.nn.Linear(576, 1536)
+        x = _rand(1, 576, seed=14)
+        dev_lin = torch.nn.Linear(576, 1536).to(device)
+        dev_lin.load_state_dict(lin.state_dict())
+        compiled = torch.compile(lambda t: torch.relu(dev_lin(t)))
+        compiled(x.to(device))  # compiles
+        got, calls = self._calls(lambda: compiled(x.to(device)))
+        self.assertGreaterEqual(calls, 1)
+        ref = x.double() @ lin.weight.detach().double().t() + lin.bias.detach().double()
+        mag = x.double().abs() @ lin.weight.detach().double().abs().t() + lin.bias.detach().double().abs()
+        err = (got.cpu().double() - ref.relu()).abs()
+        self.assertTrue(bool((err <= 1e-6 * mag + 1e-6).all()))
+
+
+instantiate(TestGemv, globals())
+
+if __name__ == "__main__":
+    run_tests()

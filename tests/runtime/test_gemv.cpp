@@ -1,0 +1,89 @@
+// The GEMV kernels (Gemv.h): every ISA build this CPU can run matches a
+// float64 reference within float32 matmul rounding, for 1-4 activation rows,
+// lengths around the vector width and the 4-row blocks, padded leading
+// dimensions, a bias, and a sub-range of output columns (what one thread
+// computes), leaving the rest of the output untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "csrc/runtime/Gemv.h"
+#include "csrc/runtime/gemv/GemvKernels.h"
+
+namespace gemv = neuronrt::gemv;
+
+namespace {
+
+struct Build {
+  const char* name;
+  gemv::GemvFn fn;
+};
+
+std::vector<Build> builds() {
+  std::vector<Build> b{{"generic", gemv::generic::gemv_f32}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) b.push_back({"avx2", gemv::avx2::gemv_f32});
+  if (__builtin_cpu_supports("avx512f")) b.push_back({"avx512", gemv::avx512::gemv_f32});
+#endif
+  return b;
+}
+
+struct Case {
+  int64_t rows, n, k, lda, ldw, ldo, begin, end;
+  bool bias;
+};
+
+void check(const Build& build, const Case& c) {
+  std::mt19937 gen(static_cast<uint32_t>(c.rows * 1000003 + c.n * 131 + c.k));
+  std::normal_distribution<float> dist;
+  std::vector<float> a(c.rows * c.lda), w(c.n * c.ldw), bias(c.n), out(c.rows * c.ldo, -7.0f);
+  for (auto* v : {&a, &w, &bias}) {
+    for (float& x : *v) x = dist(gen);
+  }
+  build.fn(c.rows, c.begin, c.end, c.k, a.data(), c.lda, w.data(), c.ldw, c.bias ? bias.data() : nullptr, out.data(),
+           c.ldo);
+  const std::string what = std::string(build.name) + " rows=" + std::to_string(c.rows) + " n=" + std::to_string(c.n) +
+                           " k=" + std::to_string(c.k);
+  for (int64_t m = 0; m < c.rows; ++m) {
+    for (int64_t j = 0; j < c.ldo; ++j) {
+      const float got = out[m * c.ldo + j];
+      if (j < c.begin || j >= c.end) {
+        ASSERT_EQ(got, -7.0f) << what << ": wrote outside its range at " << m << "," << j;
+        continue;
+      }
+      double ref = c.bias ? bias[j] : 0.0, mag = std::fabs(ref);
+      for (int64_t i = 0; i < c.k; ++i) {
+        ref += double(a[m * c.lda + i]) * double(w[j * c.ldw + i]);
+        mag += std::fabs(double(a[m * c.lda + i]) * double(w[j * c.ldw + i]));
+      }
+      // float32 accumulation: error within a few ulps of the magnitude sum.
+      ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-6) << what << " at " << m << "," << j;
+    }
+  }
+}
+
+TEST(Gemv, MatchesReferenceInEveryBuild) {
+  for (const Build& b : builds()) {
+    for (int64_t rows = 1; rows <= neuronrt::kGemvMaxRows; ++rows) {
+      for (int64_t k : {1, 15, 16, 17, 64, 100, 576}) {
+        for (int64_t n : {1, 3, 4, 5, 13, 64}) {
+          check(b, {rows, n, k, k, k, n, 0, n, false});
+          check(b, {rows, n, k, k + 3, k + 5, n + 2, 0, n, true});
+        }
+      }
+      // One thread's share of the columns.
+      check(b, {rows, 50, 33, 33, 40, 50, 9, 31, true});
+    }
+  }
+}
+
+TEST(Gemv, PicksTheWidestBuild) {
+  const std::string isa = neuronrt::gemv_isa();
+  EXPECT_EQ(isa, builds().back().name);
+}
+
+}  // namespace
