@@ -776,7 +776,11 @@ void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::
   if (fut) {
     // The callback (and with it the host access) lives until the transport's
     // future completes, also when our work completed early (a timeout).
-    fut->addCallback([work, after = std::move(after), access = std::move(access)](c10::ivalue::Future& f) mutable {
+    // (`work = work`: a plain capture of the const reference would be a const
+    // copy, which std::move copies; its reference would then drop outside the
+    // CompletionScope, when Gloo destroys the callback.)
+    fut->addCallback([work = work, after = std::move(after), access = std::move(access)](
+                         c10::ivalue::Future& f) mutable {
       Waiting item{std::move(work), nullptr, std::move(after), std::move(access)};
       finish(std::move(item), f.hasError() ? f.exception_ptr() : nullptr);
     });
