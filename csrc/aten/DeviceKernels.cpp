@@ -52,25 +52,33 @@ bool apart(const at::Tensor& out, const at::Tensor& in) {
   return e0 <= b1 || e1 <= b0;
 }
 
-// out = bias + a @ wt for a [M, K] (M <= 4), wt [K, N] with wt.t() row-major;
-// false (nothing written) when the call is not that case.
-bool gemv(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, const at::Tensor& out) {
-  if (!f32(a) || !f32(wt) || !f32(out) || (bias && !f32(*bias))) return false;
-  if (a.dim() != 2 || wt.dim() != 2 || out.dim() != 2) return false;
+// Whether the kernel computes bias + a @ wt: a [M, K] (M <= 4), wt [K, N]
+// with wt.t() row-major, a bias row. (The output is checked by fits.)
+bool covers(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias) {
+  if (!f32(a) || !f32(wt) || (bias && !f32(*bias))) return false;
+  if (a.dim() != 2 || wt.dim() != 2) return false;
   const int64_t m = a.size(0), k = a.size(1), n = wt.size(1);
   if (m < 1 || m > neuronrt::kGemvMaxRows || k < 1 || wt.size(0) != k || n < 1) return false;
-  if (n * k * 4 < kMinWeightBytes || out.size(0) != m || out.size(1) != n) return false;
-  if (a.stride(1) != 1 || wt.stride(0) != 1 || out.stride(1) != 1) return false;
-  if (bias) {
-    // A bias row: [N], or [1 or M, N] broadcast over the rows.
-    const at::Tensor& b = *bias;
-    const bool row = (b.dim() == 1 && b.size(0) == n && b.stride(0) == 1) ||
-                     (b.dim() == 2 && b.size(1) == n && b.stride(1) == 1 && (b.size(0) == 1 || b.stride(0) == 0));
-    if (!row || !apart(out, b)) return false;
-  }
-  // Output rows may not overlap each other (e.g. a stride-0 expanded out=).
+  if (n * k * 4 < kMinWeightBytes || a.stride(1) != 1 || wt.stride(0) != 1) return false;
+  if (!bias) return true;
+  // A bias row: [N], or [1 or M, N] broadcast over the rows.
+  const at::Tensor& b = *bias;
+  return (b.dim() == 1 && b.size(0) == n && b.stride(0) == 1) ||
+         (b.dim() == 2 && b.size(1) == n && b.stride(1) == 1 && (b.size(0) == 1 || b.stride(0) == 0));
+}
+
+// Whether `out` can take the result in place: [M, N] float32 with dense rows
+// that do not overlap each other (e.g. a stride-0 expanded out=) or an input.
+bool fits(const at::Tensor& out, const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias) {
+  const int64_t m = a.size(0), n = wt.size(1);
+  if (!f32(out) || out.dim() != 2 || out.size(0) != m || out.size(1) != n || out.stride(1) != 1) return false;
   if (m > 1 && out.stride(0) < n) return false;
-  if (!apart(out, a) || !apart(out, wt)) return false;
+  return apart(out, a) && apart(out, wt) && (!bias || apart(out, *bias));
+}
+
+// out = bias + a @ wt, for a call covers() and fits() accept.
+void gemv(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, const at::Tensor& out) {
+  const int64_t m = a.size(0), k = a.size(1), n = wt.size(1);
   const float* pa = a.const_data_ptr<float>();
   const float* pw = wt.const_data_ptr<float>();
   const float* pb = bias ? bias->const_data_ptr<float>() : nullptr;
@@ -81,7 +89,6 @@ bool gemv(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, con
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     neuronrt::gemv_f32(m, begin, end, k, pa, lda, pw, ldw, pb, po, ldo);
   });
-  return true;
 }
 
 bool is_one(const c10::IValue& v) { return v.isScalar() && v.toScalar().equal(1); }
@@ -102,15 +109,13 @@ bool device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t args = (is_mm ? 2 : 5) + (given_out ? 1 : 0);
   const size_t first = s.size() - args;
   if (!is_mm && (!is_one(s[first + 3]) || !is_one(s[first + 4]))) return false;
-  const at::Tensor a = s[first + (is_mm ? 0 : 1)].toTensor();
-  const at::Tensor wt = s[first + (is_mm ? 1 : 2)].toTensor();
-  at::Tensor out = given_out ? s.back().toTensor() : at::Tensor();
-  if (!out.defined()) {
-    if (!f32(a) || a.dim() != 2 || wt.dim() != 2) return false;
-    out = at::empty({a.size(0), wt.size(1)}, a.options());
-  }
-  const at::Tensor bias = is_mm ? at::Tensor() : s[first].toTensor();
-  if (!gemv(a, wt, is_mm ? nullptr : &bias, out)) return false;
+  const at::Tensor& a = s[first + (is_mm ? 0 : 1)].toTensor();
+  const at::Tensor& wt = s[first + (is_mm ? 1 : 2)].toTensor();
+  const at::Tensor* bias = is_mm ? nullptr : &s[first].toTensor();
+  if (!covers(a, wt, bias)) return false;
+  at::Tensor out = given_out ? s.back().toTensor() : at::empty({a.size(0), wt.size(1)}, a.options());
+  if (given_out && !fits(out, a, wt, bias)) return false;
+  gemv(a, wt, bias, out);
   torch::jit::drop(s, args);
   s.emplace_back(std::move(out));
   return true;
