@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -121,11 +122,30 @@ struct Stream::Executor {
   std::string error;                              // first failure not yet reported
   bool running_inline = false;                    // a caller runs a small kernel (queue waits)
   bool sleeping = false;
-  // Threads in done.wait(). Changed under the mutex; read without it by a
-  // completing launch, which locks only to wake someone. (Both sides order
-  // their completion count and waiter count accesses sequentially
+  // The completion counts that threads in done.wait() wait for (0: room in
+  // the queue, any completion), and their minimum in `wake_at`. A completion
+  // wakes them only once the count reaches it: a thread synchronizing with a
+  // long queue sleeps through the completions before its own instead of
+  // being woken by each. `targets` changes under the mutex; a completing
+  // launch reads `wake_at` without it and locks only to wake someone. (Both
+  // sides order their completion count and `wake_at` accesses sequentially
   // consistently, so a waiter either sees the completion or is woken.)
-  std::atomic<int> waiters{0};
+  std::multiset<uint64_t> targets;
+  std::atomic<uint64_t> wake_at{kNoWaiter};
+  static constexpr uint64_t kNoWaiter = UINT64_MAX;
+
+  // Whether a completion that brought the count to `completed` must wake.
+  bool must_wake(uint64_t completed) const { return completed >= wake_at.load(std::memory_order_seq_cst); }
+
+  // done.wait(lock, pred) as a waiter for count `target` (lock held).
+  template <typename Pred>
+  void wait_done(std::unique_lock<std::mutex>& lock, uint64_t target, Pred pred) {
+    auto it = targets.insert(target);
+    wake_at.store(*targets.begin(), std::memory_order_seq_cst);
+    done.wait(lock, pred);
+    targets.erase(it);
+    wake_at.store(targets.empty() ? kNoWaiter : *targets.begin(), std::memory_order_seq_cst);
+  }
 };
 
 namespace {
@@ -248,8 +268,7 @@ Stream::Executor& Stream::executor() const {
       std::lock_guard<std::mutex> lock(e->mutex);
       e->finished.push_back(std::move(kernel));
       e->has_finished.store(true, std::memory_order_release);
-      self->completed_.fetch_add(1, std::memory_order_seq_cst);
-      if (e->waiters > 0) e->done.notify_all();
+      if (e->must_wake(self->completed_.fetch_add(1, std::memory_order_seq_cst) + 1)) e->done.notify_all();
     }
   }).detach();
   executor_.store(e, std::memory_order_release);
@@ -325,12 +344,12 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
   struct Retire {
     Stream* s;
     ~Retire() {
-      s->completed_.fetch_add(1, std::memory_order_seq_cst);
+      const uint64_t completed = s->completed_.fetch_add(1, std::memory_order_seq_cst) + 1;
       // Completions are counted, not matched to sequence numbers: a thread
       // waiting for a queued kernel may need this one to reach its count
       // (launches from several threads interleave), so it must be woken.
       Executor* e = s->executor_.load(std::memory_order_acquire);
-      if (e && e->waiters.load(std::memory_order_seq_cst) > 0) {
+      if (e && e->must_wake(completed)) {
         std::lock_guard<std::mutex> lock(e->mutex);
         e->done.notify_all();
       }
@@ -359,9 +378,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   {
     std::unique_lock<std::mutex> lock(e.mutex);
     if (e.queue.size() >= kMaxQueued && tls_executor_of != this) {
-      ++e.waiters;
-      e.done.wait(lock, [&] { return e.queue.size() < kMaxQueued; });
-      --e.waiters;
+      e.wait_done(lock, 0, [&] { return e.queue.size() < kMaxQueued; });
     }
     e.queue.push_back({std::move(kernel), launch_correlation()});
     last_queued_.store(issued_.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_release);
@@ -399,11 +416,11 @@ bool Stream::run_inline_if_idle(std::unique_ptr<Kernel>& kernel) {
       failed_.store(true, std::memory_order_release);
     }
     e.running_inline = false;
-    completed_.fetch_add(1, std::memory_order_release);
+    const uint64_t completed = completed_.fetch_add(1, std::memory_order_seq_cst) + 1;
     finished.swap(e.finished);
     e.has_finished.store(false, std::memory_order_relaxed);
     if (e.sleeping && !e.queue.empty()) e.work.notify_one();
-    if (e.waiters > 0) e.done.notify_all();
+    if (e.must_wake(completed)) e.done.notify_all();
   }
   kernel.reset();  // on the caller, as finished kernels are
   return true;
@@ -421,9 +438,7 @@ void Stream::wait_for(uint64_t seq) const {
     return;
   }
   std::unique_lock<std::mutex> lock(e->mutex);
-  e->waiters.fetch_add(1, std::memory_order_seq_cst);
-  e->done.wait(lock, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
-  e->waiters.fetch_sub(1, std::memory_order_relaxed);
+  e->wait_done(lock, seq, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
 }
 
 void Stream::check_error() const {

@@ -181,6 +181,50 @@ TEST(Executor, WaitersWakeOnSynchronousCompletions) {
   }
 }
 
+TEST(Executor, WaitersForDifferentPositionsEachWakeAtTheirOwn) {
+  // A completion wakes waiters only once the count reaches the smallest
+  // position waited for; after that waiter leaves, the next smallest must
+  // still be woken (by the executor and by synchronous launches alike).
+  auto& s = neuronrt::pool_stream(0, 0);
+  s.synchronize();
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<bool> release{false};
+    s.enqueue(kernel([&] {
+      while (!release.load()) std::this_thread::yield();
+    }));
+    std::vector<uint64_t> positions;
+    for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 4; ++j) s.enqueue(kernel([] {}));
+      positions.push_back(s.issued());
+    }
+    std::vector<uint64_t> seen(positions.size());
+    std::atomic<int> woken{0};
+    std::vector<std::thread> waiters;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      waiters.emplace_back([&, i] {
+        s.wait_for(positions[i]);
+        seen[i] = s.completed();
+        ++woken;
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // most waiters now sleep
+    std::thread launcher([&] { s.launch([] {}, "synchronous"); });
+    release = true;
+    for (int i = 0; i < 2000 && woken.load() < static_cast<int>(waiters.size()); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(woken.load(), static_cast<int>(waiters.size())) << "round " << round;
+    if (woken.load() < static_cast<int>(waiters.size())) {
+      for (auto& t : waiters) t.detach();  // they would hang forever
+      launcher.detach();
+      return;
+    }
+    launcher.join();
+    for (auto& t : waiters) t.join();
+    for (size_t i = 0; i < positions.size(); ++i) EXPECT_GE(seen[i], positions[i]);
+  }
+}
+
 TEST(Executor, FailedKernelIsReportedAtTheNextSynchronization) {
   auto& s = neuronrt::pool_stream(0, 0);
   bool later_ran = false;
