@@ -4,7 +4,8 @@
 // Matmuls with one to four rows (a decode step's projections, batch <= 4):
 // `mm` and `addmm` (bias row, beta = alpha = 1) in float32, with the
 // weight a transposed row-major matrix as nn.Linear and Inductor pass it, run
-// neuronrt::gemv_f32 (runtime/Gemv.h), split across the caller's threads.
+// neuronrt::gemv_f32 (runtime/Gemv.h), split across the caller's thread count
+// of the runtime's workers (runtime/Workers.h).
 // They are bound by reading the weights once, which the CPU kernel (a GEMM
 // library) does at about a third of the memory bandwidth. Small weights
 // (< 64 KiB) keep the CPU kernel. Results differ from the CPU kernel's by
@@ -19,6 +20,7 @@
 
 #include "HostExecution.h"
 #include "csrc/runtime/Gemv.h"
+#include "csrc/runtime/Workers.h"
 
 namespace at::neuron {
 namespace {
@@ -86,7 +88,8 @@ void gemv(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, con
   const int64_t lda = a.stride(0), ldw = wt.stride(1), ldo = out.stride(0);
   const int64_t grain = std::max<int64_t>(16, kChunkBytes / (k * 4));
   gemv_calls_.fetch_add(1, std::memory_order_relaxed);
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+  // The runtime's workers, not at::parallel_for: see runtime/Workers.h.
+  neuronrt::parallel_for(at::get_num_threads(), n, grain, [&](int64_t begin, int64_t end) {
     neuronrt::gemv_f32(m, begin, end, k, pa, lda, pw, ldw, pb, po, ldo);
   });
 }

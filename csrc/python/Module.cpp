@@ -14,6 +14,7 @@
 #include "csrc/runtime/Gemv.h"
 #include "csrc/runtime/Process.h"
 #include "csrc/runtime/Runtime.h"
+#include "csrc/runtime/Workers.h"
 
 #include <mutex>
 #include <set>
@@ -87,6 +88,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fallback_counts", &at::neuron::fallback_counts);
   m.def("_gemv_calls", &at::neuron::gemv_calls, "matmuls run by the runtime's GEMV kernel (DeviceKernels.cpp)");
   m.def("_gemv_isa", &neuronrt::gemv_isa, "the GEMV kernel build in use: avx512, avx2 or generic");
+  m.def("_parallel_splits", &neuronrt::parallel_splits, "kernels split across the runtime's workers (Workers.h)");
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
 
   // Unchecked (0 for a malformed configuration): safe during import.

@@ -83,6 +83,30 @@ class TestGemv(DeviceTestCase):
         self.assertEqual(calls, 1)
         self._close(got, a, w, None)
 
+    @parametrize("threads", [1, 2, 3])
+    @parametrize("rows", [1, 4])
+    @parametrize("busy", [False, True])
+    def test_split_across_threads(self, device, threads, rows, busy):
+        # torch.set_num_threads rules the split: one range per thread, on the
+        # runtime's workers, also when the matmul is queued behind others.
+        a, w, b = _rand(rows, 576, seed=15), _rand(4001, 576, seed=16), _rand(4001, seed=17)
+        da, dw, db = a.to(device), w.to(device), b.to(device)
+        before_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            if busy:
+                x = torch.randn(256, 256, device=device)
+                for _ in range(4):
+                    x = x @ x.t() / 256
+            splits = torch_neuronx._C._parallel_splits()
+            got, calls = self._calls(lambda: F.linear(da, dw, db))
+            splits = torch_neuronx._C._parallel_splits() - splits
+        finally:
+            torch.set_num_threads(before_threads)
+        self.assertEqual(calls, 1)
+        self.assertEqual(splits, 0 if threads == 1 else 1)
+        self._close(got, a, w, b)
+
     def test_results_stay_on_their_rows(self):
         # out= into rows of a larger matrix (leading dimension > N): the other rows are untouched.
         device = "neuron"

@@ -1,0 +1,107 @@
+#include <gtest/gtest.h>
+
+#include "csrc/runtime/Workers.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Runs a split and returns how many times each index was visited, and the
+// threads that ran ranges.
+struct Visits {
+  std::vector<std::atomic<int>> count;
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  explicit Visits(int64_t n) : count(n) {}
+};
+
+void split(Visits& v, int threads, int64_t n, int64_t grain) {
+  neuronrt::parallel_for(threads, n, grain, [&](int64_t begin, int64_t end) {
+    ASSERT_LE(0, begin);
+    ASSERT_LT(begin, end);
+    ASSERT_LE(end, n);
+    for (int64_t i = begin; i < end; ++i) v.count[i].fetch_add(1);
+    std::lock_guard<std::mutex> lock(v.mutex);
+    v.threads.insert(std::this_thread::get_id());
+  });
+}
+
+}  // namespace
+
+TEST(Workers, EveryIndexRunsOnce) {
+  for (int threads : {1, 2, 3, 4}) {
+    for (int64_t n : {1, 2, 3, 7, 64, 1000, 4097}) {
+      for (int64_t grain : {1, 16, 5000}) {
+        Visits v(n);
+        split(v, threads, n, grain);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(v.count[i].load(), 1) << "threads " << threads << " n " << n << " grain " << grain << " i " << i;
+        }
+        const int64_t most = std::max<int64_t>(1, n / grain);
+        EXPECT_LE(static_cast<int64_t>(v.threads.size()), std::min<int64_t>(threads, most));
+      }
+    }
+  }
+}
+
+TEST(Workers, SplitsRunOnSeveralThreadsAndTheCaller) {
+  const int64_t before = neuronrt::parallel_splits();
+  Visits v(1 << 16);
+  split(v, 3, 1 << 16, 1);
+  EXPECT_EQ(neuronrt::parallel_splits(), before + 1);
+  EXPECT_EQ(v.threads.size(), 3u);
+  EXPECT_EQ(v.threads.count(std::this_thread::get_id()), 1u);
+  // One thread, or too little work for two ranges: the caller alone.
+  Visits one(1 << 16);
+  split(one, 1, 1 << 16, 1);
+  Visits small(10);
+  split(small, 4, 10, 8);
+  EXPECT_EQ(neuronrt::parallel_splits(), before + 1);
+  EXPECT_EQ(one.threads, std::set<std::thread::id>{std::this_thread::get_id()});
+  EXPECT_EQ(small.threads, std::set<std::thread::id>{std::this_thread::get_id()});
+}
+
+TEST(Workers, ConcurrentCallersEachGetTheirWholeRange) {
+  // Executors of several streams split at once: the one that finds the
+  // workers busy runs its range alone, and no index is lost or doubled.
+  constexpr int kCallers = 4;
+  constexpr int64_t kN = 20000;
+  std::vector<std::thread> callers;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&] {
+      for (int round = 0; round < 200; ++round) {
+        Visits v(kN);
+        split(v, 2 + round % 3, kN, 64);
+        for (int64_t i = 0; i < kN; ++i) {
+          if (v.count[i].load() != 1) {
+            failures.fetch_add(1);
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(Workers, SleepingWorkersWakeForTheNextSplit) {
+  Visits warm(1 << 12);
+  split(warm, 2, 1 << 12, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: the workers sleep
+  for (int i = 0; i < 5; ++i) {
+    Visits v(1 << 12);
+    split(v, 2, 1 << 12, 1);
+    for (int64_t j = 0; j < (1 << 12); ++j) ASSERT_EQ(v.count[j].load(), 1);
+    EXPECT_EQ(v.threads.size(), 2u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
