@@ -21,6 +21,9 @@ namespace {
 // shorter than the gaps between steps.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
+// Set while this thread runs a range: a split inside it runs on the thread.
+thread_local bool tls_in_range = false;
+
 inline void relax() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -97,7 +100,11 @@ class Pool {
           relax();
         }
       }
-      if (part < parts_) range(part);
+      if (part < parts_) {
+        tls_in_range = true;
+        range(part);
+        tls_in_range = false;
+      }
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -122,9 +129,14 @@ void parallel_for(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx) 
   if (n <= 0) return;
   const int64_t most = std::max<int64_t>(1, n / std::max<int64_t>(grain, 1));
   const int parts = static_cast<int>(std::min<int64_t>(std::max(threads, 1), most));
-  if (parts > 1 && !in_bad_fork() && Pool::get().run(parts, n, fn, ctx)) {
-    g_splits.fetch_add(1, std::memory_order_relaxed);
-    return;
+  if (parts > 1 && !tls_in_range && !in_bad_fork()) {
+    tls_in_range = true;
+    const bool split = Pool::get().run(parts, n, fn, ctx);
+    tls_in_range = false;
+    if (split) {
+      g_splits.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
   }
   fn(ctx, 0, n);
 }

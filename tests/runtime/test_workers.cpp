@@ -105,3 +105,20 @@ TEST(Workers, SleepingWorkersWakeForTheNextSplit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
+
+TEST(Workers, ASplitInsideARangeRunsOnItsThread) {
+  constexpr int64_t kOuter = 64, kInner = 256;
+  std::vector<std::atomic<int>> count(kOuter * kInner);
+  std::atomic<int> inner_threads_mismatch{0};
+  neuronrt::parallel_for(2, kOuter, 1, [&](int64_t begin, int64_t end) {
+    const auto me = std::this_thread::get_id();
+    for (int64_t o = begin; o < end; ++o) {
+      neuronrt::parallel_for(2, kInner, 1, [&](int64_t b, int64_t e) {
+        if (std::this_thread::get_id() != me) inner_threads_mismatch.fetch_add(1);
+        for (int64_t i = b; i < e; ++i) count[o * kInner + i].fetch_add(1);
+      });
+    }
+  });
+  EXPECT_EQ(inner_threads_mismatch.load(), 0);
+  for (auto& c : count) ASSERT_EQ(c.load(), 1);
+}
