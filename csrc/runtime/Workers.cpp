@@ -5,7 +5,6 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -20,6 +19,12 @@ namespace {
 // between a decode step's matmuls (the other kernels between them), much
 // shorter than the gaps between steps.
 constexpr auto kSpin = std::chrono::microseconds(200);
+// Chunks per thread: threads take chunks until none is left, so a worker
+// that starts late (woken, or off its core) costs the split little.
+constexpr int64_t kChunksPerThread = 4;
+// A claim packs the job number above the next chunk index.
+constexpr int kIndexBits = 16;
+constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
 
 // Set while this thread runs a range: a split inside it runs on the thread.
 thread_local bool tls_in_range = false;
@@ -39,26 +44,32 @@ class Pool {
     return *pool;
   }
 
-  // Runs the split on `parts` threads (caller included) if the workers are
-  // free; false if another caller holds them.
-  bool run(int parts, int64_t n, RangeFn fn, void* ctx) {
+  // Runs the split on up to `threads` threads (caller included) if the
+  // workers are free; false if another caller holds them.
+  bool run(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx) {
     std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
     if (!lock.owns_lock()) return false;
-    grow(parts - 1);
-    fn_ = fn;
-    ctx_ = ctx;
-    n_ = n;
-    parts_ = parts;
+    grow(threads - 1);
+    const int64_t chunk = std::max(grain, (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    fn_.store(fn, std::memory_order_relaxed);
+    ctx_.store(ctx, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_relaxed);
+    chunk_.store(chunk, std::memory_order_relaxed);
+    chunks_.store(chunks, std::memory_order_relaxed);
+    helpers_.store(threads - 1, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    // Every worker acknowledges every job (those without a range too), so
-    // none still reads this job's fields when the next one replaces them.
-    const int workers = static_cast<int>(workers_);
-    generation_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
-    range(0);
-    // The workers' ranges take as long as the caller's; a worker the
-    // scheduler took off its core gets the core back by the yields.
-    for (int i = 0; done_.load(std::memory_order_acquire) < workers; ++i) {
+    const uint64_t job = ++jobs_;
+    // The claim publishes the job's fields (release); a worker's successful
+    // claim of one of its chunks keeps the job current until that chunk is
+    // done, so the fields it reads then are this job's.
+    claim_.store(job << kIndexBits, std::memory_order_release);
+    published_.store(job, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) published_.notify_all();
+    work(job);
+    // Chunks that workers claimed and still run; a worker the scheduler took
+    // off its core gets the core back by the yields.
+    for (int i = 0; done_.load(std::memory_order_acquire) < chunks; ++i) {
       if (i < 4096) {
         relax();
       } else {
@@ -69,56 +80,67 @@ class Pool {
   }
 
  private:
-  void range(int part) const noexcept {
-    const int64_t begin = n_ * part / parts_, end = n_ * (part + 1) / parts_;
-    if (begin < end) fn_(ctx_, begin, end);
-  }
-
-  void grow(int workers) {
-    while (workers_ < static_cast<size_t>(workers)) {
-      const int index = static_cast<int>(workers_);
-      std::thread([this, index, seen = generation_.load()] { loop(index + 1, seen); }).detach();
-      ++workers_;
+  // Claims and runs chunks of `job` until none is left.
+  void work(uint64_t job) noexcept {
+    for (;;) {
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      if ((c >> kIndexBits) != job) return;  // done, and another job published
+      const auto index = static_cast<int64_t>(c & kIndexMask);
+      if (index >= chunks_.load(std::memory_order_relaxed)) return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
+      const int64_t chunk = chunk_.load(std::memory_order_relaxed);
+      const int64_t begin = index * chunk;
+      const int64_t end = std::min(n_.load(std::memory_order_relaxed), begin + chunk);
+      tls_in_range = true;
+      fn_.load(std::memory_order_relaxed)(ctx_.load(std::memory_order_relaxed), begin, end);
+      tls_in_range = false;
+      done_.fetch_add(1, std::memory_order_release);
     }
   }
 
-  void loop(int part, uint64_t seen) {
+  void grow(int workers) {
+    while (workers_ < workers) {
+      const int index = workers_++;
+      // It starts from the job before the one being published, so it joins that one.
+      std::thread([this, index, seen = published_.load()] { loop(index, seen); }).detach();
+    }
+  }
+
+  void loop(int index, uint64_t seen) {
     for (;;) {
       auto start = std::chrono::steady_clock::now();
       for (int i = 0;; ++i) {
-        const uint64_t g = generation_.load(std::memory_order_acquire);
-        if (g != seen) {
-          seen = g;
+        const uint64_t job = published_.load(std::memory_order_acquire);
+        if (job != seen) {
+          seen = job;
           break;
         }
         if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) {
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
-          generation_.wait(seen, std::memory_order_seq_cst);
+          published_.wait(seen, std::memory_order_seq_cst);
           sleepers_.fetch_sub(1, std::memory_order_relaxed);
           start = std::chrono::steady_clock::now();
         } else {
           relax();
         }
       }
-      if (part < parts_) {
-        tls_in_range = true;
-        range(part);
-        tls_in_range = false;
-      }
-      done_.fetch_add(1, std::memory_order_release);
+      // Workers beyond the job's thread count sit it out.
+      if (index < helpers_.load(std::memory_order_relaxed)) work(seen);
     }
   }
 
   std::mutex busy_;  // one split at a time
-  size_t workers_ = 0;
-  // The job, written by the caller before it bumps generation_.
-  RangeFn fn_ = nullptr;
-  void* ctx_ = nullptr;
-  int64_t n_ = 0;
-  int parts_ = 0;
-  std::atomic<uint64_t> generation_{0};
+  int workers_ = 0;
+  uint64_t jobs_ = 0;
+  // The current job, written by the caller before it publishes the claim.
+  std::atomic<RangeFn> fn_{nullptr};
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<int64_t> n_{0}, chunk_{0}, chunks_{0};
+  std::atomic<int> helpers_{0};
+  std::atomic<uint64_t> claim_{0};      // job << kIndexBits | next chunk
+  std::atomic<int64_t> done_{0};        // chunks run
+  std::atomic<uint64_t> published_{0};  // the newest job: workers wait for it to change
   std::atomic<int> sleepers_{0};
-  std::atomic<int> done_{0};
 };
 
 std::atomic<int64_t> g_splits{0};
@@ -127,11 +149,12 @@ std::atomic<int64_t> g_splits{0};
 
 void parallel_for(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx) {
   if (n <= 0) return;
-  const int64_t most = std::max<int64_t>(1, n / std::max<int64_t>(grain, 1));
-  const int parts = static_cast<int>(std::min<int64_t>(std::max(threads, 1), most));
-  if (parts > 1 && !tls_in_range && !in_bad_fork()) {
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t most = std::max<int64_t>(1, n / grain);
+  threads = static_cast<int>(std::min<int64_t>(std::max(threads, 1), std::min<int64_t>(most, kIndexMask / kChunksPerThread)));
+  if (threads > 1 && !tls_in_range && !in_bad_fork()) {
     tls_in_range = true;
-    const bool split = Pool::get().run(parts, n, fn, ctx);
+    const bool split = Pool::get().run(threads, n, grain, fn, ctx);
     tls_in_range = false;
     if (split) {
       g_splits.fetch_add(1, std::memory_order_relaxed);

@@ -17,10 +17,12 @@ namespace neuronrt {
 // fn(ctx, begin, end) for a range [begin, end) of a split. Must not throw.
 using RangeFn = void (*)(void* ctx, int64_t begin, int64_t end) noexcept;
 
-// Splits [0, n) into at most `threads` contiguous ranges of at least `grain`
-// and runs fn on them, the caller on the first and worker threads on the
-// rest; returns when all have run. With threads <= 1, one range, or the
-// workers busy with another caller's split, the caller runs [0, n) alone.
+// Splits [0, n) into contiguous chunks of at least `grain` (a few per
+// thread) and runs fn on them on up to `threads` threads: the caller and
+// workers take chunks until none is left, so a worker that starts late costs
+// little. Returns when all have run. With threads <= 1, too little work for
+// two chunks, or the workers busy with another caller's split, the caller
+// runs [0, n) alone.
 void parallel_for(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx);
 
 template <typename F>

@@ -22,12 +22,14 @@ struct Visits {
   explicit Visits(int64_t n) : count(n) {}
 };
 
-void split(Visits& v, int threads, int64_t n, int64_t grain) {
+// `slow`: each chunk takes 5 ms, so the workers join in (even on a loaded machine).
+void split(Visits& v, int threads, int64_t n, int64_t grain, bool slow = false) {
   neuronrt::parallel_for(threads, n, grain, [&](int64_t begin, int64_t end) {
     ASSERT_LE(0, begin);
     ASSERT_LT(begin, end);
     ASSERT_LE(end, n);
     for (int64_t i = begin; i < end; ++i) v.count[i].fetch_add(1);
+    if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::lock_guard<std::mutex> lock(v.mutex);
     v.threads.insert(std::this_thread::get_id());
   });
@@ -54,9 +56,9 @@ TEST(Workers, EveryIndexRunsOnce) {
 TEST(Workers, SplitsRunOnSeveralThreadsAndTheCaller) {
   const int64_t before = neuronrt::parallel_splits();
   Visits v(1 << 16);
-  split(v, 3, 1 << 16, 1);
+  split(v, 3, 1 << 16, 1, /*slow=*/true);
   EXPECT_EQ(neuronrt::parallel_splits(), before + 1);
-  EXPECT_EQ(v.threads.size(), 3u);
+  EXPECT_EQ(v.threads.size(), 3u);  // 12 chunks of 5 ms: the workers wake and take some
   EXPECT_EQ(v.threads.count(std::this_thread::get_id()), 1u);
   // One thread, or too little work for two ranges: the caller alone.
   Visits one(1 << 16);
@@ -99,11 +101,27 @@ TEST(Workers, SleepingWorkersWakeForTheNextSplit) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: the workers sleep
   for (int i = 0; i < 5; ++i) {
     Visits v(1 << 12);
-    split(v, 2, 1 << 12, 1);
+    split(v, 2, 1 << 12, 1, /*slow=*/true);
     for (int64_t j = 0; j < (1 << 12); ++j) ASSERT_EQ(v.count[j].load(), 1);
     EXPECT_EQ(v.threads.size(), 2u);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+TEST(Workers, TheCallerFinishesWhenNoWorkerComes) {
+  // Workers asleep and slow to wake: the caller takes every chunk itself
+  // rather than waiting for them (it waited for a fixed share before).
+  Visits warm(1 << 12);
+  split(warm, 2, 1 << 12, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  int caller_only = 0;
+  for (int i = 0; i < 50; ++i) {
+    Visits v(64);
+    split(v, 2, 64, 1);
+    for (int64_t j = 0; j < 64; ++j) ASSERT_EQ(v.count[j].load(), 1);
+    caller_only += v.threads.size() == 1;
+  }
+  EXPECT_GT(caller_only, 0);
 }
 
 TEST(Workers, ASplitInsideARangeRunsOnItsThread) {
