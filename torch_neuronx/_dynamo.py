@@ -12,6 +12,10 @@ import logging
 
 import torch
 from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
+# Imported with this module, i.e. when torch.compile(backend="neuron") looks up
+# the backend, as Inductor's own backend imports it at torch.compile(): not in
+# the first call, which would pay the import (0.6 s) inside the first step.
+from torch._inductor.compile_fx import compile_fx
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +161,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     so this is the same lowering as default ``torch.compile``; graphs with no
     neuron tensor compile exactly as CPU Inductor would.
     """
-    from torch._inductor.compile_fx import compile_fx
-
     register_device_interface()
     _note_compile()
     mode = mode or "default"
