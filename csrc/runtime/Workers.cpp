@@ -150,8 +150,10 @@ std::atomic<int64_t> g_splits{0};
 void parallel_for(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t most = std::max<int64_t>(1, n / grain);
-  threads = static_cast<int>(std::min<int64_t>(std::max(threads, 1), std::min<int64_t>(most, kIndexMask / kChunksPerThread)));
+  // More threads than cores only adds spinning workers that take turns.
+  static const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t most = std::min({std::max<int64_t>(1, n / grain), cores, int64_t{kIndexMask / kChunksPerThread}});
+  threads = static_cast<int>(std::min<int64_t>(std::max(threads, 1), most));
   if (threads > 1 && !tls_in_range && !in_bad_fork()) {
     tls_in_range = true;
     const bool split = Pool::get().run(threads, n, grain, fn, ctx);

@@ -9,6 +9,8 @@ scaled addmm, a non-transposed weight, other dtypes, small weights, a
 strided output) must run the CPU kernel and match it exactly.
 
 Runs under PyTorch's device-generic framework; see _dg_common.py."""
+import os
+
 import torch
 import torch.nn.functional as F
 import torch_neuronx
@@ -104,7 +106,7 @@ class TestGemv(DeviceTestCase):
         finally:
             torch.set_num_threads(before_threads)
         self.assertEqual(calls, 1)
-        self.assertEqual(splits, 0 if threads == 1 else 1)
+        self.assertEqual(splits, 0 if min(threads, os.cpu_count() or 1) == 1 else 1)  # a thread a core at most
         self._close(got, a, w, b)
 
     def test_results_stay_on_their_rows(self):
