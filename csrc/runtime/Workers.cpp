@@ -26,7 +26,8 @@ constexpr int64_t kChunksPerThread = 4;
 constexpr int kIndexBits = 16;
 constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
 
-// Set while this thread runs a range: a split inside it runs on the thread.
+// Set while this thread runs a chunk (the caller's chunks included): a split
+// inside it runs on the thread, and never waits for the workers it holds.
 thread_local bool tls_in_range = false;
 
 inline void relax() {
@@ -154,14 +155,9 @@ void parallel_for(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx) 
   static const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
   const int64_t most = std::min({std::max<int64_t>(1, n / grain), cores, int64_t{kIndexMask / kChunksPerThread}});
   threads = static_cast<int>(std::min<int64_t>(std::max(threads, 1), most));
-  if (threads > 1 && !tls_in_range && !in_bad_fork()) {
-    tls_in_range = true;
-    const bool split = Pool::get().run(threads, n, grain, fn, ctx);
-    tls_in_range = false;
-    if (split) {
-      g_splits.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
+  if (threads > 1 && !tls_in_range && !in_bad_fork() && Pool::get().run(threads, n, grain, fn, ctx)) {
+    g_splits.fetch_add(1, std::memory_order_relaxed);
+    return;
   }
   fn(ctx, 0, n);
 }

@@ -19,11 +19,10 @@ using RangeFn = void (*)(void* ctx, int64_t begin, int64_t end) noexcept;
 
 // Splits [0, n) into contiguous chunks of at least `grain` (a few per
 // thread) and runs fn on them on up to `threads` threads (at most one per
-// core): the caller and
-// workers take chunks until none is left, so a worker that starts late costs
-// little. Returns when all have run. With threads <= 1, too little work for
-// two chunks, or the workers busy with another caller's split, the caller
-// runs [0, n) alone.
+// core): the caller and workers take chunks until none is left, so a worker
+// that starts late costs little. Returns when all have run. With threads <= 1,
+// too little work for two chunks, or the workers busy with another caller's
+// split, the caller runs [0, n) alone.
 void parallel_for(int threads, int64_t n, int64_t grain, RangeFn fn, void* ctx);
 
 template <typename F>

@@ -89,8 +89,8 @@ class TestGemv(DeviceTestCase):
     @parametrize("rows", [1, 4])
     @parametrize("busy", [False, True])
     def test_split_across_threads(self, device, threads, rows, busy):
-        # torch.set_num_threads rules the split: one range per thread, on the
-        # runtime's workers, also when the matmul is queued behind others.
+        # torch.set_num_threads rules the split across the runtime's workers,
+        # also when the matmul is queued behind others.
         a, w, b = _rand(rows, 576, seed=15), _rand(4001, 576, seed=16), _rand(4001, seed=17)
         da, dw, db = a.to(device), w.to(device), b.to(device)
         before_threads = torch.get_num_threads()
