@@ -10,32 +10,32 @@ SAME_DEVICE = "Expected all tensors to be on the same device"
 # ---- invalid device index ------------------------------------------------------------------------------------------
 
 def test_factory_on_invalid_index():
-    with pytest.raises(RuntimeError, match=r"Invalid neuron device index 7: there are 2 NeuronCore device\(s\) "
-                                           r"\(valid indices 0..1\)"):
+    with pytest.raises(RuntimeError, match=r"Device index 7 is out of range. Valid range is 0 to 1 for this process "
+                                           r"\(2 NeuronCore devices\)"):
         torch.ones(1, device="neuron:7")
-    with pytest.raises(RuntimeError, match="Invalid neuron device index 2"):
+    with pytest.raises(RuntimeError, match="Device index 2 is out of range"):
         torch.arange(3).to("neuron:2")
 
 
 def test_set_device_invalid_index_keeps_current():
-    with pytest.raises(RuntimeError, match="Invalid neuron device index 7"):
+    with pytest.raises(RuntimeError, match="Device index 7 is out of range"):
         torch.neuron.set_device(7)
     assert torch.neuron.current_device() == 0
-    with pytest.raises(RuntimeError, match="Invalid neuron device index 7"):
+    with pytest.raises(RuntimeError, match="Device index 7 is out of range"):
         with torch.neuron.device(7):
             pass
     assert torch.neuron.current_device() == 0
-    with pytest.raises(RuntimeError, match="Invalid neuron device index"):
+    with pytest.raises(RuntimeError, match="Device index 5 is out of range"):
         torch.accelerator.set_device_index(5)
     assert torch.accelerator.current_device_index() == 0
 
 
 def test_device_query_on_invalid_index():
-    with pytest.raises(RuntimeError, match="Invalid neuron device index 3"):
+    with pytest.raises(RuntimeError, match="Device index 3 is out of range"):
         torch.neuron.get_device_properties(3)
-    with pytest.raises(RuntimeError, match="Invalid neuron device index 3"):
+    with pytest.raises(RuntimeError, match="Device index 3 is out of range"):
         torch.neuron.memory_allocated(3)
-    with pytest.raises(RuntimeError, match="Invalid neuron device index 3"):
+    with pytest.raises(RuntimeError, match="Device index 3 is out of range"):
         torch.neuron.synchronize(3)
 
 

@@ -16,9 +16,10 @@ using at::autocast::CastPolicy;
 // with_logits form fuses the sigmoid and is on the fp32 list.
 at::Tensor binary_cross_entropy_banned(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                        int64_t) {
+  // The first sentence is PyTorch's (CUDA's) message, which users match on.
   TORCH_CHECK(false,
-              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe under "
-              "torch.autocast(\"neuron\") (as on CUDA): the probabilities usually come from a sigmoid run in "
+              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+              "Under torch.autocast(\"neuron\"), as on CUDA, the probabilities usually come from a sigmoid run in "
               "reduced precision. Use torch.nn.functional.binary_cross_entropy_with_logits or "
               "torch.nn.BCEWithLogitsLoss on the logits instead (autocast runs them in float32), or compute "
               "the loss outside the autocast region on float32 inputs.");

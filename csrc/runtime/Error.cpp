@@ -22,10 +22,10 @@ std::string format_bytes(size_t bytes) {
 }
 
 InvalidDeviceError::InvalidDeviceError(int device, int count)
-    : Error("Invalid neuron device index " + std::to_string(device) +
-            ": there are " + std::to_string(count) +
-            " NeuronCore device(s) (valid indices 0.." +
-            std::to_string(count - 1) + ")"),
+    // The vendor product's wording, which users' code matches on.
+    : Error("Device index " + std::to_string(device) + " is out of range. Valid range is 0 to " +
+            std::to_string(count - 1) + " for this process (" + std::to_string(count) +
+            " NeuronCore devices)"),
       device(device),
       count(count) {}
 
