@@ -6,6 +6,7 @@
 
 #include "HostExecution.h"
 #include "NeuronFunctions.h"
+#include "OpTracking.h"
 #include "csrc/runtime/Stream.h"
 
 namespace at::neuron {
@@ -34,7 +35,7 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, co
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("histc", histc);
+  m.impl("histc", &Noted<at::_ops::histc, histc>::call);
 }
 
 }  // namespace at::neuron

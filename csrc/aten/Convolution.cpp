@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include "HostExecution.h"
+#include "OpTracking.h"
 
 namespace at::neuron {
 namespace {
@@ -41,8 +42,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("convolution_overrideable", convolution);
-  m.impl("convolution_backward_overrideable", convolution_backward);
+  m.impl("convolution_overrideable", &Noted<at::_ops::convolution_overrideable, convolution>::call);
+  m.impl("convolution_backward_overrideable", &Noted<at::_ops::convolution_backward_overrideable, convolution_backward>::call);
 }
 
 }  // namespace at::neuron

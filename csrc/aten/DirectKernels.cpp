@@ -59,6 +59,7 @@
 #include "HostExecution.h"
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
+#include "OpTracking.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -148,6 +149,7 @@ neuronrt::Stream* caller_stream(const at::Tensor& self, size_t bytes) {
 // std::function: wrapping a reference to `body` keeps it from allocating.)
 template <class F>
 void launch(neuronrt::Stream& stream, const char* name, F&& body) {
+  note_executed(name);
   if (neuronrt::in_kernel()) return body();
   rt_call([&] { stream.launch(std::ref(body), name); });
 }
@@ -215,7 +217,7 @@ decltype(auto) host_path(Args&&... args) {
                              .findSchemaOrThrow(Op::name, Op::overload_name)
                              .template typed<typename Op::schema>();
   return c10::impl::BoxedKernelWrapper<typename Op::schema>::call(
-      c10::BoxedKernel::makeFromFunction<&host_execute>(), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::BoxedKernel::makeFromFunction<&host_kernel>(), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       std::forward<Args>(args)...);
 }
 

@@ -17,6 +17,7 @@
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
 #include "NeuronGenerator.h"
+#include "OpTracking.h"
 #include "csrc/runtime/Philox.h"
 #include "csrc/runtime/Protect.h"
 #include "csrc/runtime/Runtime.h"
@@ -427,9 +428,6 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // ---- fallback ---------------------------------------------------------------
 
 namespace {
-std::mutex g_fallback_mutex;
-std::map<std::string, int64_t> g_fallback_counts;
-
 bool fallback_disabled() {
   static const bool disabled = [] {
     const char* v = std::getenv("TORCH_NEURONX_DISABLE_FALLBACK");
@@ -437,37 +435,40 @@ bool fallback_disabled() {
   }();
   return disabled;
 }
+
+// Same spelling as torch_neuronx.supported_ops(): "add.Tensor", "mm".
+std::string short_name(const c10::OperatorName& name) {
+  std::string base = name.name.rfind("aten::", 0) == 0 ? name.name.substr(6) : name.name;
+  return name.overload_name.empty() ? base : base + "." + name.overload_name;
+}
 }  // namespace
+
+void host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  note_executed(op.schema().name().c_str());
+  host_execute(op, stack);
+}
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
-  // Same spelling as torch_neuronx.supported_ops(): "add.Tensor", "mm".
-  std::string base = name.name.rfind("aten::", 0) == 0 ? name.name.substr(6) : name.name;
-  std::string key = name.overload_name.empty() ? base : base + "." + name.overload_name;
-  TORCH_CHECK_NOT_IMPLEMENTED(!fallback_disabled(), "The operator '", key,
+  TORCH_CHECK_NOT_IMPLEMENTED(!fallback_disabled(), "The operator '", short_name(name),
                               "' has no neuron kernel, and TORCH_NEURONX_DISABLE_FALLBACK=1 forbids the host "
                               "fallback.");
-  bool first = false;
-  {
-    std::lock_guard<std::mutex> lock(g_fallback_mutex);
-    first = g_fallback_counts[key]++ == 0;
-  }
-  if (first) {
-    TORCH_WARN("The operator '", key, "' has no neuron kernel; it runs through the host fallback (counted in "
-               "torch_neuronx.fallback_report()).");
+  if (note_fallback(name)) {
+    TORCH_WARN("The operator '", short_name(name), "' has no neuron kernel; it runs through the host fallback "
+               "(counted in torch_neuronx.fallback_report(), listed by get_fallback_ops()).");
   }
   host_execute(op, stack);
 }
 
 std::map<std::string, int64_t> fallback_counts() {
-  std::lock_guard<std::mutex> lock(g_fallback_mutex);
-  return g_fallback_counts;
+  std::map<std::string, int64_t> counts;
+  for (const auto& [name, calls] : fallback_ops()) {
+    counts[name.rfind("aten::", 0) == 0 ? name.substr(6) : name] = calls;
+  }
+  return counts;
 }
 
-void reset_fallback_counts() {
-  std::lock_guard<std::mutex> lock(g_fallback_mutex);
-  g_fallback_counts.clear();
-}
+void reset_fallback_counts() { clear_fallback_ops(); }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());

@@ -23,6 +23,9 @@ namespace at::neuron {
 // Runs `op` on the host runtime. Used for every op in the device's kernel
 // table and by the fallback.
 void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The kernel registered for the table's ops: notes the op as executed
+// (OpTracking.h), then host_execute.
+void host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // Runs `op`'s kernel on the host aliases in `stack`, inside a launch: one of
 // the runtime's own kernels where one covers the call (DeviceKernels.cpp),
@@ -40,11 +43,13 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
 // keeps both alive until it has run.
 void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& stream, const char* name);
 
-// Boxed PrivateUse1 fallback for ops with no neuron kernel: counts the op,
-// warns once per op, and raises instead when TORCH_NEURONX_DISABLE_FALLBACK=1.
+// Boxed PrivateUse1 fallback for ops with no neuron kernel: counts the op
+// (OpTracking.h), warns once per op, and raises instead when
+// TORCH_NEURONX_DISABLE_FALLBACK=1.
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Op name -> number of calls that reached the fallback.
+// Op name ("add.Tensor") -> number of calls that reached the fallback: the
+// fallback part of the op record with the "aten::" prefix dropped.
 std::map<std::string, int64_t> fallback_counts();
 void reset_fallback_counts();
 

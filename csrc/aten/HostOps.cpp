@@ -127,7 +127,7 @@ std::vector<std::string> register_host_kernels() {
     std::string qualified = std::string(full.substr(6)) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     // A native neuron kernel (DirectKernels.cpp) takes precedence.
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&host_execute>());
+      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&host_kernel>());
     }
     registered.push_back(qualified);
   }

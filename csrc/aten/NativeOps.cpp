@@ -15,6 +15,7 @@
 #include "HostExecution.h"
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
+#include "OpTracking.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -256,9 +257,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_storage);
   m.impl("set_.source_Storage_storage_offset", set_storage_offset);
   m.impl("set_.source_Tensor", set_tensor);
-  m.impl("_copy_from", copy_from);
-  m.impl("_copy_from_and_resize", copy_from_and_resize);
-  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_copy_from", &Noted<at::_ops::_copy_from, copy_from>::call);
+  m.impl("_copy_from_and_resize", &Noted<at::_ops::_copy_from_and_resize, copy_from_and_resize>::call);
+  m.impl("_local_scalar_dense", &Noted<at::_ops::_local_scalar_dense, local_scalar_dense>::call);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("record_stream", record_stream);
 }
