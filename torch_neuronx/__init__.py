@@ -19,7 +19,6 @@ def _autoload():
 import torch  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["fallback_report", "reset_fallback_report", "supported_ops", "__version__"]
 
 _BACKEND = "neuron"
 
@@ -64,6 +63,41 @@ from . import distributed as _distributed  # noqa: E402
 
 _distributed._register()
 
+# The vendor product's compile-cache directory is Inductor's here.
+from . import _env  # noqa: E402
+
+_env.apply_cache_dir()
+
+from . import utils  # noqa: E402,F401  (torch_neuronx.utils: product scripts import it)
+from ._op_support import (  # noqa: E402,F401
+    clear_op_tracking, fallback_report, get_executed_ops, get_fallback_ops, reset_fallback_report,
+)
+# The device module's API at the top level, as the vendor product has it
+# (torch_neuronx.device_count(), torch_neuronx.memory_stats(), ...): the same
+# functions as torch.neuron's.
+from .neuron import (  # noqa: E402,F401
+    Event, Stream, StreamContext, current_device, current_stream, default_stream, device, device_count,
+    empty_cache, get_device_properties, max_memory_allocated, max_memory_reserved, memory_allocated,
+    memory_reserved, memory_stats, memory_summary, reset_accumulated_memory_stats, reset_peak_memory_stats,
+    set_device, set_stream, stream, synchronize,
+)
+
+
+def is_neuron_runtime_initialized() -> bool:
+    """True once the runtime has been initialized in this process (first device use)."""
+    return _neuron_module.is_initialized()
+
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "__version__", "clear_op_tracking", "current_device", "current_stream",
+    "default_stream", "device", "device_count", "empty_cache", "fallback_report", "get_device_properties",
+    "get_dynamo_metrics", "get_executed_ops", "get_fallback_ops", "is_neuron_runtime_initialized",
+    "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved", "memory_stats",
+    "memory_summary", "nki_op", "reset_accumulated_memory_stats", "reset_dynamo_metrics", "reset_fallback_report",
+    "reset_peak_memory_stats", "set_device", "set_stream", "stream", "supported_ops", "synchronize", "utils",
+    "wrap_nki",
+]
+
 import atexit  # noqa: E402
 
 # Before finalization: let the autograd engine's neuron threads go idle (see
@@ -79,16 +113,11 @@ def __getattr__(name):
     if name == "nki":
         import nki
         return nki
+    # Compile metrics load torch._dynamo: only when asked for.
+    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
+        from . import _dynamo
+        return getattr(_dynamo, name)
     raise AttributeError(f"module 'torch_neuronx' has no attribute '{name}'")
-
-
-def fallback_report() -> dict:
-    """Ops that ran through the host fallback since the last reset: ``{op: calls}``."""
-    return dict(_C._fallback_counts())
-
-
-def reset_fallback_report() -> None:
-    _C._reset_fallback_counts()
 
 
 def supported_ops() -> tuple:

@@ -17,6 +17,8 @@ from torch._dynamo.device_interface import DeviceInterface, register_interface_f
 # the first call, which would pay the import (0.6 s) inside the first step.
 from torch._inductor.compile_fx import compile_fx
 
+from . import _env
+
 log = logging.getLogger(__name__)
 
 
@@ -121,6 +123,18 @@ def _note_compile() -> None:
         _compile_ids.append(str(context.compile_id))
 
 
+def reset_dynamo_metrics() -> None:
+    """Starts get_dynamo_metrics() over: forgets this process's neuron
+    compilations and clears Dynamo's graph-break and graph counters."""
+    from torch._dynamo.utils import counters
+
+    global _last_context
+    _compile_ids.clear()
+    _last_context = None
+    counters["graph_break"].clear()
+    counters["stats"].pop("unique_graphs", None)
+
+
 def get_dynamo_metrics() -> dict:
     """Compile counters of this process, for frames with neuron graphs:
     compilations (``frames_total``/``frames_ok``; a failed one raises), of which
@@ -160,14 +174,41 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     Neuron is registered with Inductor as a device (torch_neuronx._inductor),
     so this is the same lowering as default ``torch.compile``; graphs with no
     neuron tensor compile exactly as CPU Inductor would.
+
+    The vendor product's options and variables apply (docs/compat.md):
+    ``options={"fallback_execution": True}`` or
+    ``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0`` run a graph that fails to
+    compile eagerly instead of raising; ``TORCH_NEURONX_DEBUG_DIR`` keeps each
+    graph's artifacts (FX graph, IR, generated code) there;
+    ``TORCH_NEURONX_DISABLE_NEFF_CACHE=1`` skips the persistent compile cache.
     """
     register_device_interface()
     _note_compile()
     mode = mode or "default"
     if mode not in _MODES:
         raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
-    config_patches = {**_MODES[mode], **(options or {}), "triton.cudagraphs": False}
-    return compile_fx(gm, example_inputs, config_patches=config_patches)
+    options = dict(options or {})
+    fallback_execution = options.pop("fallback_execution", not _env.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"))
+    config_patches = {**_MODES[mode], **_env_patches(), **options, "triton.cudagraphs": False}
+    if not fallback_execution:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    try:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    except Exception as e:  # noqa: BLE001  (any compile failure: the graph runs eagerly, as asked)
+        log.warning("torch.compile(backend='neuron') failed to compile a graph; running it eagerly "
+                    "(fallback_execution): %s: %s", type(e).__name__, e)
+        return gm.forward
+
+
+def _env_patches() -> dict:
+    """Inductor config for the product's artifact and cache variables, scoped to neuron graphs."""
+    patches = {}
+    debug_dir = _env.path("TORCH_NEURONX_DEBUG_DIR")
+    if debug_dir:
+        patches.update({"trace.enabled": True, "trace.debug_dir": debug_dir})
+    if _env.flag("TORCH_NEURONX_DISABLE_NEFF_CACHE") or _env.flag("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+        patches.update({"fx_graph_cache": False, "autotune_local_cache": False})
+    return patches
 
 
 def _register_backend() -> None:

@@ -9,6 +9,7 @@
 #include "csrc/aten/NeuronAllocator.h"
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/aten/NeuronGenerator.h"
+#include "csrc/aten/OpTracking.h"
 #include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Device.h"
 #include "csrc/runtime/Gemv.h"
@@ -90,6 +91,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_gemv_isa", &neuronrt::gemv_isa, "the GEMV kernel build in use: avx512, avx2 or generic");
   m.def("_parallel_splits", &neuronrt::parallel_splits, "kernels split across the runtime's workers (Workers.h)");
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
+  m.def("_executed_ops", &at::neuron::executed_ops, "ops that ran a neuron kernel (OpTracking.h)");
+  m.def("_fallback_ops", &at::neuron::fallback_ops, "ops that reached the host fallback, with their calls");
+  m.def("_note_executed_op", &at::neuron::note_executed_name);
+  m.def("_note_fallback_op", &at::neuron::note_fallback_name);
+  m.def("_clear_op_tracking", [] {
+    at::neuron::clear_executed_ops();
+    at::neuron::clear_fallback_ops();
+  });
 
   // Unchecked (0 for a malformed configuration): safe during import.
   m.def("_device_count", [] { return neuronrt::device_count(); });
@@ -102,6 +111,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_initialized", [] { return neuronrt::is_initialized(); });
   m.def("_in_bad_fork", [] { return neuronrt::in_bad_fork(); });
   m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
+  m.def("_launch_blocking", [] { return neuronrt::launch_blocking(); });
   m.def("_check_configuration", [] { at::neuron::rt_call([] { neuronrt::check_configuration(); }); });
   m.def("_current_device", [] { return neuronrt::current_device(); });
   m.def("_set_device", [](int index) { at::neuron::rt_call([&] { neuronrt::set_device(index); }); });

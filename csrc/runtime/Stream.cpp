@@ -82,16 +82,21 @@ struct BlockingSetting {
   std::string error;
 };
 
+// Ours, then the vendor product's name for the same switch; both are
+// validated, and ours wins when both are set.
 const BlockingSetting& blocking_setting() {
   static const BlockingSetting s = [] {
     BlockingSetting out;
-    const char* v = std::getenv("NEURON_RT_LAUNCH_BLOCKING");
-    if (v && *v) {
-      if (std::strcmp(v, "1") == 0) {
-        out.blocking = true;
-      } else if (std::strcmp(v, "0") != 0) {
-        out.error = std::string("NEURON_RT_LAUNCH_BLOCKING='") + v + "' is invalid. Accepted: 0 or 1.";
+    bool decided = false;
+    for (const char* name : {"NEURON_RT_LAUNCH_BLOCKING", "NEURON_LAUNCH_BLOCKING"}) {
+      const char* v = std::getenv(name);
+      if (!v || !*v) continue;
+      if (std::strcmp(v, "1") != 0 && std::strcmp(v, "0") != 0) {
+        if (out.error.empty()) out.error = std::string(name) + "='" + v + "' is invalid. Accepted: 0 or 1.";
+        continue;
       }
+      if (!decided) out.blocking = std::strcmp(v, "1") == 0;
+      decided = true;
     }
     return out;
   }();

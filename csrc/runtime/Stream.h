@@ -31,9 +31,10 @@ namespace neuronrt {
 
 class Kernel;  // Runtime.h
 
-// Whether launches run synchronously (NEURON_RT_LAUNCH_BLOCKING=1, read once).
+// Whether launches run synchronously (NEURON_RT_LAUNCH_BLOCKING=1, or the
+// vendor product's NEURON_LAUNCH_BLOCKING=1 when ours is unset; read once).
 bool launch_blocking() noexcept;
-// Empty when NEURON_RT_LAUNCH_BLOCKING is valid (see check_configuration()).
+// Empty when both variables are valid (see check_configuration()).
 const std::string& launch_blocking_error() noexcept;
 
 // Whether the calling thread is running a kernel (a synchronous launch, a

@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from .. import _C
+from .. import _C, _env
 from . import _utils
 from ._utils import _get_device_index
 from .memory import (  # noqa: F401
@@ -33,14 +33,20 @@ def is_available() -> bool:
     ``NEURON_RT_VISIBLE_CORES`` or ``NEURON_RT_HBM_BYTES`` is malformed, rather
     than reporting no device (callers would silently fall back to the CPU).
     """
-    _C._check_configuration()
+    _check_configuration()
     return _C._device_count() > 0
 
 
 def device_count() -> int:
     """Number of visible NeuronCores; raises ValueError like ``is_available``."""
-    _C._check_configuration()
+    _check_configuration()
     return _C._device_count()
+
+
+def _check_configuration() -> None:
+    # The runtime's variables, then the Python layer's (torch_neuronx/_env.py).
+    _C._check_configuration()
+    _env.check()
 
 
 def is_initialized() -> bool:
@@ -58,7 +64,7 @@ def _lazy_init():
                 "Cannot re-initialize neuron in forked subprocess. To use neuron with multiprocessing, you must "
                 "use the 'spawn' start method")
         _check_not_in_dataloader_worker()
-        _C._check_configuration()
+        _check_configuration()
         _C._lazy_init()
         _initialized = True
 
@@ -212,9 +218,9 @@ def __getattr__(name):
 
         _inductor.register()
         return getattr(_inductor, name)
-    if name == "get_dynamo_metrics":
-        from .._dynamo import get_dynamo_metrics
+    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
+        from .. import _dynamo
 
-        return get_dynamo_metrics
+        return getattr(_dynamo, name)
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 

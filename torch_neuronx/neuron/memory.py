@@ -18,7 +18,16 @@ def _index(device):
 
 
 def memory_stats(device=None) -> "collections.OrderedDict[str, int]":
-    return torch.accelerator.memory_stats(_index(device))
+    """torch.cuda's statistics ("allocated_bytes.all.current", ...), plus the
+    vendor TorchNeuron's keys over the same numbers: ``allocated_bytes``,
+    ``reserved_bytes`` and ``active_bytes`` (each ``{"current", "peak",
+    "allocated", "freed"}``), ``allocation_requests`` and ``num_tensor_frees``."""
+    stats = torch.accelerator.memory_stats(_index(device))
+    for kind in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        stats[kind] = {field: stats.get(f"{kind}.all.{field}", 0) for field in ("current", "peak", "allocated", "freed")}
+    stats["allocation_requests"] = stats.get("allocation.all.allocated", 0)
+    stats["num_tensor_frees"] = stats.get("allocation.all.freed", 0)
+    return stats
 
 
 def memory_allocated(device=None) -> int:
