@@ -55,6 +55,10 @@ _IMPLEMENTED = {
         "addmm.dtype", "addmm.dtype_out", "baddbmm.dtype", "baddbmm.dtype_out", "_fused_rms_norm_backward",
         "_masked_scale", "_fused_dropout", "max_pool2d_backward", "_conv_depthwise2d", "_conv_depthwise2d.out",
         "conv_depthwise3d"],
+    "csrc/aten/AttentionKernels.cpp": [
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+        "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
+        "_efficient_attention_backward"],
 }
 
 # Deliberate skips: overload or base name -> reason.
@@ -97,10 +101,6 @@ _SKIPPED = {
     "_philox_uniform_": "experimental torch.func._random (see _philox_key_split)",
     "_flash_attention_forward_no_dropout_inplace": "varlen_attn_out's in-place flash variant; not implemented yet "
                                                    "(varlen_attn works)",
-    "_scaled_dot_product_efficient_attention": "not implemented yet",
-    "_scaled_dot_product_efficient_attention_backward": "not implemented yet",
-    "_flash_attention_forward": "not implemented yet", "_flash_attention_backward": "not implemented yet",
-    "_efficient_attention_forward": "not implemented yet", "_efficient_attention_backward": "not implemented yet",
     # Not accelerator ops at all.
     "_resize_output_": "Meta-only helper of tracing; no device has a kernel",
 }
@@ -154,7 +154,7 @@ def sweep():
         if op in DECISIONS or base in DECISIONS:
             decision, detail = DECISIONS.get(op) or DECISIONS[base]
         elif keys and all(k.startswith(_OTHER_LAYOUT_PREFIXES) or k.endswith("Meta") for k in keys):
-            decision, detail = SKIPPED, "other tensor layouts only (" + ", ".join(keys) + "); neuron tensors are dense"
+            decision, detail = SKIPPED, "sparse/quantized/nested/mkldnn tensors only; neuron tensors are dense"
         elif not keys:
             decision, detail = SKIPPED, "no kernel for any device (Python-level nested-jagged op)"
         elif "cudnn" in op or "miopen" in op or "mkldnn" in op:
