@@ -12,9 +12,12 @@ import sys
 import torch
 import torch_neuronx
 
+import sweep_accelerator_only_ops as accelerator_only
+
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ops.md"
 
-# Kernels in csrc/aten/{NativeOps,Attention,Convolution,SyncBatchNorm}.cpp (not host-executed).
+# Kernels in csrc/aten/{NativeOps,Attention,AttentionKernels,Convolution,SyncBatchNorm,AcceleratorOnlyOps}.cpp
+# (not host-executed).
 DEDICATED = {
     "memory and metadata": ["empty.memory_format", "empty_strided", "as_strided", "view", "_reshape_alias",
                             "resize_", "set_.source_Storage", "set_.source_Storage_storage_offset",
@@ -22,10 +25,12 @@ DEDICATED = {
     "copies and host reads": ["_copy_from", "_copy_from_and_resize", "_local_scalar_dense"],
     "attention": ["_fused_sdp_choice", "_scaled_dot_product_fused_attention_overrideable",
                   "_scaled_dot_product_fused_attention_overrideable_backward", "_scaled_dot_product_flash_attention",
-                  "_scaled_dot_product_flash_attention_backward"],
+                  "_scaled_dot_product_flash_attention_backward",
+                  *accelerator_only._IMPLEMENTED["csrc/aten/AttentionKernels.cpp"]],
     "convolution": ["convolution_overrideable", "convolution_backward_overrideable"],
     "SyncBatchNorm statistics": ["batch_norm_stats", "batch_norm_gather_stats", "batch_norm_gather_stats_with_counts",
                                  "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt"],
+    "ops the CPU lacks": accelerator_only._IMPLEMENTED["csrc/aten/AcceleratorOnlyOps.cpp"],
 }
 
 # Table ops that also have an unboxed direct kernel (csrc/aten/DirectKernels.cpp).
@@ -50,7 +55,8 @@ def render() -> str:
         f"(torch {torch.__version__}). Every ATen op reaches `neuron` through one of three routes:",
         "",
         "1. **Dedicated kernels** (below): allocation, metadata/views, copies across the device boundary, host "
-        "reads, and the fused attention/convolution overrides.",
+        "reads, the fused attention/convolution overrides, and ops PyTorch implements only for accelerators "
+        "(last section).",
         f"2. **The device kernel table**: {len(ops)} overloads of {len(by_base)} ops executed in place by the "
         "host runtime (`csrc/aten/HostOps.cpp`). Of these, " + ", ".join(f"`{n}`" for n in DIRECT) + " also "
         "have direct kernels (`csrc/aten/DirectKernels.cpp`): unboxed, without host aliases, when the op runs on "
@@ -71,7 +77,7 @@ def render() -> str:
     lines += ["", "## Device kernel table", "", "| op | overloads |", "|---|---|"]
     for base, names in by_base.items():
         lines.append(f"| `{base}` | " + ", ".join(f"`{n}`" for n in names) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + accelerator_only.render_markdown(accelerator_only.sweep())
 
 
 def main() -> int:
