@@ -142,13 +142,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward", &Noted<at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward, flash_attention_for_host_backward>::call);
-  m.impl("_scaled_dot_product_flash_attention_for_cpu", &Noted<at::_ops::_scaled_dot_product_flash_attention_for_cpu, flash_attention_for_host>::call);
-  m.impl("_scaled_dot_product_flash_attention", &Noted<at::_ops::_scaled_dot_product_flash_attention, flash_attention>::call);
-  m.impl("_scaled_dot_product_flash_attention_backward", &Noted<at::_ops::_scaled_dot_product_flash_attention_backward, flash_attention_backward>::call);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward",
+         &Noted<at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward, flash_attention_for_host_backward>::call);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu",
+         &Noted<at::_ops::_scaled_dot_product_flash_attention_for_cpu, flash_attention_for_host>::call);
+  m.impl("_scaled_dot_product_flash_attention",
+         &Noted<at::_ops::_scaled_dot_product_flash_attention, flash_attention>::call);
+  m.impl("_scaled_dot_product_flash_attention_backward",
+         &Noted<at::_ops::_scaled_dot_product_flash_attention_backward, flash_attention_backward>::call);
   m.impl("_fused_sdp_choice", &Noted<at::_ops::_fused_sdp_choice, fused_sdp_choice>::call);
-  m.impl("_scaled_dot_product_fused_attention_overrideable", &Noted<at::_ops::_scaled_dot_product_fused_attention_overrideable, fused_attention>::call);
-  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", &Noted<at::_ops::_scaled_dot_product_fused_attention_overrideable_backward, fused_attention_backward>::call);
+  m.impl("_scaled_dot_product_fused_attention_overrideable",
+         &Noted<at::_ops::_scaled_dot_product_fused_attention_overrideable, fused_attention>::call);
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+         &Noted<at::_ops::_scaled_dot_product_fused_attention_overrideable_backward, fused_attention_backward>::call);
 }
 
 }  // namespace at::neuron

@@ -43,7 +43,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", &Noted<at::_ops::convolution_overrideable, convolution>::call);
-  m.impl("convolution_backward_overrideable", &Noted<at::_ops::convolution_backward_overrideable, convolution_backward>::call);
+  m.impl("convolution_backward_overrideable",
+         &Noted<at::_ops::convolution_backward_overrideable, convolution_backward>::call);
 }
 
 }  // namespace at::neuron

@@ -96,7 +96,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_thnn_fused_lstm_cell", &Noted<at::_ops::_thnn_fused_lstm_cell, lstm_cell>::call);
-  m.impl("_thnn_fused_lstm_cell_backward_impl", &Noted<at::_ops::_thnn_fused_lstm_cell_backward_impl, lstm_cell_backward>::call);
+  m.impl("_thnn_fused_lstm_cell_backward_impl",
+         &Noted<at::_ops::_thnn_fused_lstm_cell_backward_impl, lstm_cell_backward>::call);
   m.impl("_thnn_fused_gru_cell", &Noted<at::_ops::_thnn_fused_gru_cell, gru_cell>::call);
   m.impl("_thnn_fused_gru_cell_backward", &Noted<at::_ops::_thnn_fused_gru_cell_backward, gru_cell_backward>::call);
 }

@@ -186,7 +186,8 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("batch_norm_stats", &Noted<at::_ops::batch_norm_stats, batch_norm_stats>::call);
-  m.impl("batch_norm_gather_stats_with_counts", &Noted<at::_ops::batch_norm_gather_stats_with_counts, batch_norm_gather_stats_with_counts>::call);
+  m.impl("batch_norm_gather_stats_with_counts",
+         &Noted<at::_ops::batch_norm_gather_stats_with_counts, batch_norm_gather_stats_with_counts>::call);
   m.impl("batch_norm_gather_stats", &Noted<at::_ops::batch_norm_gather_stats, batch_norm_gather_stats>::call);
   m.impl("batch_norm_elemt", &Noted<at::_ops::batch_norm_elemt, batch_norm_elemt>::call);
   m.impl("batch_norm_backward_reduce", &Noted<at::_ops::batch_norm_backward_reduce, batch_norm_backward_reduce>::call);
