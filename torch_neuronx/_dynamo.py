@@ -206,7 +206,7 @@ def _env_patches() -> dict:
     debug_dir = _env.path("TORCH_NEURONX_DEBUG_DIR")
     if debug_dir:
         patches.update({"trace.enabled": True, "trace.debug_dir": debug_dir})
-    if _env.flag("TORCH_NEURONX_DISABLE_NEFF_CACHE") or _env.flag("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+    if _env.neff_cache_disabled():
         patches.update({"fx_graph_cache": False, "autotune_local_cache": False})
     return patches
 

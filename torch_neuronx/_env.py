@@ -45,6 +45,11 @@ def path(name: str):
     return value or None
 
 
+def neff_cache_disabled() -> bool:
+    """Either of the product's spellings of "no persistent compile cache"."""
+    return flag("TORCH_NEURONX_DISABLE_NEFF_CACHE") or flag("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+
+
 def check() -> None:
     """Validates every variable of this layer (called where the runtime's are)."""
     for name in FLAGS:

@@ -39,7 +39,7 @@ def is_stablehlo_enabled() -> bool:
 def is_neff_cache_disabled() -> bool:
     """True when ``TORCH_NEURONX_DISABLE_NEFF_CACHE`` or ``TORCH_NEURONX_NEFF_DISABLE_CACHE``
     is set: neuron graphs then skip Inductor's persistent compile cache."""
-    return _env.flag("TORCH_NEURONX_DISABLE_NEFF_CACHE") or _env.flag("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+    return _env.neff_cache_disabled()
 
 
 def get_platform_target() -> str:
