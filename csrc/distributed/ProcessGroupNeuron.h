@@ -12,7 +12,7 @@
 //
 // Intra-node fast path: when every rank of the group runs on this host, the
 // group also maps a shared-memory segment (neuronrt::ShmCollectives, set up
-// through the group's store at construction) and runs all_reduce,
+// through the group's store at construction) and runs all_reduce, reduce,
 // reduce_scatter and all_gather there, and the pre-collective argument check
 // too. Gloo stays the transport for everything else and across hosts.
 // TORCH_NEURONX_SHM=0 turns the fast path off.
