@@ -32,6 +32,40 @@ def is_available() -> bool:
     return dist.is_available() and dist.is_gloo_available()
 
 
+# The vendor product's collective variables (its "Distributed" environment
+# table). They size how it splits large all_gather / reduce_scatter into
+# several device collectives (bucket size, minimum bucket count, on/off).
+# This backend has nothing to split: Gloo moves whole messages and the
+# shared-memory path steps through fixed 4 MiB halves whatever the size. So
+# they are accepted (code written for the product sets them) and checked,
+# a malformed value raising ValueError naming the variable, but change nothing.
+_PRODUCT_COLLECTIVE_ENV = {
+    "NEURON_USE_SPLIT_ALLGATHER": "bool",
+    "NEURON_USE_SPLIT_REDUCE_SCATTER": "bool",
+    "COLLECTIVE_BUCKETSIZE_IN_MB": "positive",
+    "COLLECTIVE_MIN_BUCKETS": "non-negative",
+}
+
+
+def _check_product_env():
+    for name, kind in _PRODUCT_COLLECTIVE_ENV.items():
+        value = os.environ.get(name)
+        if value is None or value == "":
+            continue
+        v = value.strip()
+        if kind == "bool":
+            if v.lower() not in ("0", "1", "true", "false"):
+                raise ValueError(f"{name} must be 0, 1, true or false, got {value!r}")
+            continue
+        try:
+            number = int(v, 10)
+        except ValueError:
+            number = None
+        low = 1 if kind == "positive" else 0
+        if number is None or number < low:
+            raise ValueError(f"{name} must be a {kind} integer, got {value!r}")
+
+
 def _create_backend(backend_opts, pg_options):
     """``Backend.register_backend`` creator (extended API).
 
@@ -39,6 +73,7 @@ def _create_backend(backend_opts, pg_options):
     group; ``pg_options`` is ``init_process_group(pg_options=...)``/
     ``new_group(pg_options=...)``: ``None`` or a ``ProcessGroupNeuron.Options``.
     """
+    _check_product_env()
     if pg_options is not None and not isinstance(pg_options, ProcessGroupNeuron.Options):
         raise TypeError(
             f"the neuron backend takes pg_options of type ProcessGroupNeuron.Options, got {type(pg_options).__name__}")

@@ -291,6 +291,127 @@ bool env_switch(const char* name, bool fallback) {
   return s == "1";
 }
 
+// ---- local argument checks ----------------------------------------------------
+// A rank that rejects its own arguments raises ValueError / TypeError with the
+// details, and announces the kind of problem to its peers through the
+// argument check (validate()), whose error then names it.
+enum class ArgProblem : int64_t { Other = 1, Device, EmptyList, ListLength, Dtype, Size, Splits, Reduction };
+
+// Marks a rank's check words as "rejected its arguments" (word 1, where the
+// dtype goes otherwise; word 2 holds the ArgProblem).
+constexpr int64_t kRejected = -2;
+
+const char* arg_problem_text(int64_t p) {
+  switch (static_cast<ArgProblem>(p)) {
+    case ArgProblem::Device: return "tensors on different devices";
+    case ArgProblem::EmptyList: return "an empty tensor list";
+    case ArgProblem::ListLength: return "a tensor list of the wrong length";
+    case ArgProblem::Dtype: return "mismatched dtypes";
+    case ArgProblem::Size: return "mismatched tensor sizes";
+    case ArgProblem::Splits: return "invalid split sizes";
+    case ArgProblem::Reduction: return "a reduction its dtype does not support";
+    default: return "invalid arguments";
+  }
+}
+
+struct ArgumentRejected {
+  ArgProblem problem;
+  std::exception_ptr error;
+};
+
+template <typename... Args>
+[[noreturn]] void reject_value(ArgProblem problem, const Args&... args) {
+  try {
+    C10_THROW_ERROR(ValueError, c10::str("neuron backend: ", args...));
+  } catch (...) {
+    throw ArgumentRejected{problem, std::current_exception()};
+  }
+}
+
+template <typename... Args>
+[[noreturn]] void reject_type(ArgProblem problem, const Args&... args) {
+  try {
+    C10_THROW_ERROR(TypeError, c10::str("neuron backend: ", args...));
+  } catch (...) {
+    throw ArgumentRejected{problem, std::current_exception()};
+  }
+}
+
+// PyTorch's wording where ProcessGroupNCCL has a message for the condition.
+void check_nonempty(const char* op, const std::vector<at::Tensor>& ts, const char* what) {
+  if (ts.empty()) reject_value(ArgProblem::EmptyList, op, ": Tensor list must be nonempty (", what, ")");
+}
+
+// Every tensor of one collective on one device: all on the same neuron
+// device, or all on cpu (NCCL: "Tensors must be on the same device").
+struct Located {
+  const std::vector<at::Tensor>* tensors;
+  const char* what;
+};
+
+void check_same_device(const char* op, std::initializer_list<Located> lists) {
+  const at::Tensor* first = nullptr;
+  std::string firstName;
+  for (const auto& l : lists) {
+    for (size_t i = 0; i < l.tensors->size(); ++i) {
+      const at::Tensor& t = (*l.tensors)[i];
+      const std::string name = l.tensors->size() == 1 ? std::string(l.what) : c10::str(l.what, " ", i);
+      if (!t.defined()) reject_value(ArgProblem::Other, op, ": ", name, " is an undefined tensor");
+      if (t.is_sparse()) reject_value(ArgProblem::Other, op, ": Tensors must be dense (", name, " is sparse)");
+      if (!first) {
+        first = &t;
+        firstName = name;
+      } else if (t.device() != first->device()) {
+        reject_value(ArgProblem::Device, op, ": Tensors must be on the same device, got ", firstName, " on ",
+                     first->device(), " and ", name, " on ", t.device());
+      }
+    }
+  }
+}
+
+void check_dtype(const char* op, const at::Tensor& t, const std::string& what, at::ScalarType want,
+                 const char* wantWhat) {
+  if (t.scalar_type() != want) {
+    reject_type(ArgProblem::Dtype, op, ": ", what, " must be the same type as the ", wantWhat, ", got ",
+                t.scalar_type(), " and ", want);
+  }
+}
+
+void check_splits(const char* op, const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                  const char* what) {
+  if (splits.empty()) {
+    if (t.dim() == 0 || t.size(0) % size != 0) {
+      reject_value(ArgProblem::Splits, op, ": Tensor's dim 0 does not divide equally across group size (", what,
+                   " has ", t.dim() == 0 ? 0 : t.size(0), " rows, group size ", size, ")");
+    }
+    return;
+  }
+  if (static_cast<int>(splits.size()) != size) {
+    reject_value(ArgProblem::Splits, op, ": Number of tensor splits not equal to group size (", what, " splits ",
+                 c10::IntArrayRef(splits), ", group size ", size, ")");
+  }
+  int64_t sum = 0;
+  for (int64_t s : splits) {
+    if (s < 0) reject_value(ArgProblem::Splits, op, ": Split sizes must be non-negative, got ", what, " splits ",
+                            c10::IntArrayRef(splits));
+    sum += s;
+  }
+  if (t.dim() == 0 || sum != t.size(0)) {
+    reject_value(ArgProblem::Splits, op, ": Split sizes doesn't match total dim 0 size (", what, " splits ",
+                 c10::IntArrayRef(splits), " sum to ", sum, ", ", what, " has ", t.dim() == 0 ? 0 : t.size(0),
+                 " rows)");
+  }
+}
+
+// check_reduction's TypeErrors, announced to the peers as well.
+void check_reduction_arg(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
+  try {
+    check_reduction(tensors, op, collective);
+  } catch (...) {
+    throw ArgumentRejected{ArgProblem::Reduction, std::current_exception()};
+  }
+}
+
 // The prefix under which a group rendezvous (its transport and shared-memory
 // keys): a torchrun restart reuses the agent's store, so each attempt needs
 // its own keys. The root group gets the same prefix in torch_neuronx/distributed.py.
@@ -610,7 +731,7 @@ c10::intrusive_ptr<ProcessGroupNeuron::WorkNeuron> ProcessGroupNeuron::makeWork(
 c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono::milliseconds opTimeout,
                                                        std::vector<at::Tensor> outputs,
                                                        const std::vector<at::Tensor>& checked, const char* kernelName,
-                                                       const ShmBody& body) {
+                                                       const ShmBody& body, int64_t redop) {
   auto work = makeWork(type, opTimeout, outputs);
   watch(work);  // a timeout reaches the watchdog (TORCH_NEURONX_ASYNC_ERROR_HANDLING)
   // The argument check travels with the collective's first step.
@@ -618,7 +739,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono:
   std::string mismatch;
   neuronrt::ShmCheck check;
   if (checkAgreement_) {
-    words = agreementWords(type, checked);
+    words = agreementWords(type, checked, {}, {}, redop);
     check = {words.data(), words.size(), [&](const int64_t* all) {
                mismatch = disagreement(words, all);
                if (!mismatch.empty()) throw neuronrt::Error(mismatch);
@@ -651,9 +772,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono:
 
 std::vector<int64_t> ProcessGroupNeuron::agreementWords(OpType type, const std::vector<at::Tensor>& tensors,
                                                         const std::vector<int64_t>& inSplits,
-                                                        const std::vector<int64_t>& outSplits) const {
+                                                        const std::vector<int64_t>& outSplits, int64_t redop) const {
   std::vector<int64_t> p(4 + 2 * static_cast<size_t>(size_), 0);
-  p[0] = static_cast<int64_t>(type);
+  // The op type in the low byte, the reduce op (+1, 0 for none) above it.
+  p[0] = static_cast<int64_t>(type) | ((redop + 1) << 8);
   p[1] = tensors.empty() ? -1 : static_cast<int64_t>(tensors[0].scalar_type());
   uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, numel) of every tensor
   for (const auto& t : tensors) {
@@ -682,11 +804,28 @@ std::string ProcessGroupNeuron::disagreement(const std::vector<int64_t>& mine, c
   for (int i = 0; i < size_ && ok && a2a; ++i) {
     for (int j = 0; j < size_ && ok; ++j) ok = row(i)[4 + j] == row(j)[4 + size_ + i];
   }
+  // A rank that rejected its own arguments raised a ValueError/TypeError
+  // there; the others learn which kind of problem it was.
+  std::string rejected;
+  for (int r = 0; r < size_; ++r) {
+    if (row(r)[1] == kRejected) {
+      rejected += c10::str(rejected.empty() ? "" : "; ", "rank ", r, " (", arg_problem_text(row(r)[2]), ")");
+    }
+  }
+  if (!rejected.empty()) {
+    return c10::str("the collective did not run: ", rejected,
+                    " rejected its arguments and raised the details there");
+  }
   if (ok) return {};
+  auto opName = [](int64_t w) {
+    std::string name = opTypeToString(static_cast<OpType>(w & 0xff));
+    if ((w >> 8) > 0) name += c10::str("(", reduce_op_name(static_cast<ReduceOp::RedOpType>((w >> 8) - 1)), ")");
+    return name;
+  };
   std::string ranks;
   for (int r = 0; r < size_; ++r) {
     const int64_t* q = row(r);
-    ranks += c10::str("\n  rank ", r, ": ", opTypeToString(static_cast<OpType>(q[0])), " ",
+    ranks += c10::str("\n  rank ", r, ": ", opName(q[0]), " ",
                       q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
     if (q[2] == -1) {
       ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
@@ -700,10 +839,45 @@ std::string ProcessGroupNeuron::disagreement(const std::vector<int64_t>& mine, c
 
 void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
                                const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
-                               const std::vector<int64_t>& outSplits) {
+                               const std::vector<int64_t>& outSplits, int64_t redop) {
   if (!checkAgreement_ || size_ == 1) return;
+  const std::string mismatch = exchangeWords(type, opTimeout, agreementWords(type, tensors, inSplits, outSplits, redop));
+  if (!mismatch.empty()) {
+    const auto timeout = effectiveTimeout(opTimeout);
+    C10_THROW_ERROR(DistBackendError, c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
+                                               ", group '", pg_uid_, "', rank ", rank_, " of ranks ", ranksString(),
+                                               ", timeout ", timeout.count(), " ms): ", mismatch));
+  }
+}
+
+void ProcessGroupNeuron::validate(OpType type, std::chrono::milliseconds opTimeout,
+                                  const std::function<void()>& check) {
+  ArgProblem problem = ArgProblem::Other;
+  std::exception_ptr error;
+  try {
+    check();
+    return;
+  } catch (const ArgumentRejected& r) {
+    problem = r.problem;
+    error = r.error;
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (checkAgreement_ && size_ > 1) {
+    std::vector<int64_t> words = agreementWords(type, {});
+    words[1] = kRejected;
+    words[2] = static_cast<int64_t>(problem);
+    try {
+      (void)exchangeWords(type, opTimeout, words);
+    } catch (...) {  // this rank's own error says more than a failed announcement
+    }
+  }
+  std::rethrow_exception(error);
+}
+
+std::string ProcessGroupNeuron::exchangeWords(OpType type, std::chrono::milliseconds opTimeout,
+                                              const std::vector<int64_t>& p) {
   checkUsable();
-  const std::vector<int64_t> p = agreementWords(type, tensors, inSplits, outSplits);
   const int64_t width = static_cast<int64_t>(p.size());
   const auto timeout = effectiveTimeout(opTimeout);
   const std::string what = c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq_.load() + 1,
@@ -759,8 +933,9 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
     at::Tensor rows = at::stack(all[0]).contiguous();
     mismatch = disagreement(p, rows.data_ptr<int64_t>());
   }
-  if (!mismatch.empty()) C10_THROW_ERROR(DistBackendError, c10::str(what, ": ", mismatch));
+  return mismatch;
 }
+
 
 void ProcessGroupNeuron::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
                                std::function<void()> after, std::shared_ptr<void> access) {
@@ -983,9 +1158,64 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
 }
 
 // ---- collectives -----------------------------------------------------------------
+//
+// Each collective first checks this rank's own arguments (validate(): a bad
+// one raises ValueError/TypeError here and is announced to the peers, which
+// raise DistBackendError), then the ranks compare what they pass (agree(), or
+// the first step of a shared-memory collective), then it runs. Which path a
+// collective takes depends only on what the ranks compared (op, dtype, sizes),
+// never on local layout such as contiguity: ranks on different paths would
+// wait for each other until the timeout.
+
+namespace {
+
+// A contiguous flat byte view of host tensor `h` (a copy if `h` is not
+// contiguous), for collectives that move bytes through scratch buffers.
+at::Tensor flat_bytes(const at::Tensor& h) {
+  return h.contiguous().reshape({-1}).view(at::kByte);
+}
+
+// Where this rank's tensors disagree with the shapes `want` (per list, per
+// tensor: numel and dtype of the corresponding input); empty if they fit.
+std::string list_layout_problem(const std::vector<std::vector<at::Tensor>>& lists, size_t count,
+                                const std::function<const at::Tensor&(size_t list, size_t i)>& want,
+                                size_t perList, ArgProblem* problem) {
+  if (lists.size() != count) {
+    *problem = ArgProblem::ListLength;
+    return c10::str("expected ", count, " lists, got ", lists.size());
+  }
+  for (size_t l = 0; l < lists.size(); ++l) {
+    if (lists[l].size() != perList) {
+      *problem = ArgProblem::ListLength;
+      return c10::str("list ", l, " has ", lists[l].size(), " tensors, expected ", perList);
+    }
+    for (size_t i = 0; i < perList; ++i) {
+      const at::Tensor& o = lists[l][i];
+      const at::Tensor& w = want(l, i);
+      if (o.scalar_type() != w.scalar_type()) {
+        *problem = ArgProblem::Dtype;
+        return c10::str("output [", l, "][", i, "] is ", o.scalar_type(), ", its input ", w.scalar_type());
+      }
+      if (o.numel() != w.numel()) {
+        *problem = ArgProblem::Size;
+        return c10::str("output [", l, "][", i, "] has ", o.numel(), " elements, its input ", w.numel());
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
                                                        const BroadcastOptions& opts) {
+  validate(OpType::BROADCAST, opts.timeout, [&] {
+    check_nonempty("broadcast", tensors, "tensors");
+    check_same_device("broadcast", {{&tensors, "tensor"}});
+    if (opts.rootRank < 0 || opts.rootRank >= size_) {
+      reject_value(ArgProblem::Other, "broadcast: invalid root rank ", opts.rootRank, " for group size ", size_);
+    }
+  });
   agree(OpType::BROADCAST, opts.timeout, tensors);
   auto access = expose(tensors);
   auto host = to_host(tensors);
@@ -994,7 +1224,12 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
-  check_reduction(tensors, opts.reduceOp, "all_reduce");
+  validate(OpType::ALLREDUCE, opts.timeout, [&] {
+    check_nonempty("all_reduce", tensors, "tensors");
+    check_same_device("all_reduce", {{&tensors, "tensor"}});
+    check_reduction_arg(tensors, opts.reduceOp, "all_reduce");
+  });
+  const int64_t redop = opts.reduceOp.op_;
   if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
     return launchShm(OpType::ALLREDUCE, opts.timeout, tensors, tensors, "c10d::allreduce_ (shm)",
                      [this, t = tensors[0], op = opts.reduceOp](std::chrono::milliseconds timeout,
@@ -1004,9 +1239,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& 
                        shm_->all_reduce(in.data_ptr(), static_cast<size_t>(in.numel()), *shm_dtype(in.scalar_type()),
                                         *shm_op(op.op_), timeout, check);
                        copy_back({host}, {in})();
-                     });
+                     },
+                     redop);
   }
-  agree(OpType::ALLREDUCE, opts.timeout, tensors);
+  agree(OpType::ALLREDUCE, opts.timeout, tensors, {}, {}, redop);
   auto access = expose(tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
@@ -1018,8 +1254,12 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const AllreduceCoalescedOptions& opts) {
-  check_reduction(tensors, opts.reduceOp, "all_reduce_coalesced");
-  agree(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors);
+  validate(OpType::ALLREDUCE_COALESCED, opts.timeout, [&] {
+    check_nonempty("all_reduce_coalesced", tensors, "tensors");
+    check_same_device("all_reduce_coalesced", {{&tensors, "tensor"}});
+    check_reduction_arg(tensors, opts.reduceOp, "all_reduce_coalesced");
+  });
+  agree(OpType::ALLREDUCE_COALESCED, opts.timeout, tensors, {}, {}, opts.reduceOp.op_);
   auto access = expose(tensors);
   auto host = host_view(tensors);
   auto in = reduction_input(host, opts.reduceOp);
@@ -1030,58 +1270,161 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at:
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
-  check_reduction(tensors, opts.reduceOp, "reduce");
-  agree(OpType::REDUCE, opts.timeout, tensors);
+  validate(OpType::REDUCE, opts.timeout, [&] {
+    check_nonempty("reduce", tensors, "tensors");
+    check_same_device("reduce", {{&tensors, "tensor"}});
+    if (opts.rootRank < 0 || opts.rootRank >= size_) {
+      reject_value(ArgProblem::Other, "reduce: invalid root rank ", opts.rootRank, " for group size ", size_);
+    }
+    check_reduction_arg(tensors, opts.reduceOp, "reduce");
+  });
+  const int64_t redop = opts.reduceOp.op_;
+  // Only the root receives the result; the other ranks' tensors stay as they
+  // were (NCCL's contract). Gloo's reduce works in place through every
+  // rank's buffer and would leave partial results there, so a non-root rank
+  // hands the transport a scratch: the scaled or widened copy when there is
+  // one anyway, else one copy of its input.
+  const bool root = opts.rootRank == rank_;
+  auto input_for = [root](const at::Tensor& host, const ReduceOp& op) {
+    at::Tensor in = reduction_input(host, op);
+    if (!root && in.is_same(host)) in = host.clone(at::MemoryFormat::Contiguous);
+    return in;
+  };
+  if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
+    // An all_reduce whose result the non-roots drop (their scratch).
+    return launchShm(OpType::REDUCE, opts.timeout, tensors, tensors, "c10d::reduce_ (shm)",
+                     [this, t = tensors[0], op = opts.reduceOp, root, input_for](std::chrono::milliseconds timeout,
+                                                                                 const neuronrt::ShmCheck* check) {
+                       at::Tensor host = host_view(t);
+                       at::Tensor in = input_for(host, op).contiguous();
+                       shm_->all_reduce(in.data_ptr(), static_cast<size_t>(in.numel()), *shm_dtype(in.scalar_type()),
+                                        *shm_op(op.op_), timeout, check);
+                       if (root) copy_back({host}, {in})();
+                     },
+                     redop);
+  }
+  agree(OpType::REDUCE, opts.timeout, tensors, {}, {}, redop);
   auto access = expose(tensors);
   auto host = host_view(tensors);
-  auto in = reduction_input(host, opts.reduceOp);
+  std::vector<at::Tensor> in;
+  for (const auto& h : host) in.push_back(input_for(h, opts.reduceOp));
   ReduceOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  // Only the root receives the result; other ranks keep their input.
-  const bool root = opts.rootRank == rank_;
   auto after = root ? copy_back(host, in) : std::function<void()>([in] {});
-  return launch(std::move(access), OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(in, o); }, std::move(after));
+  return launch(std::move(access), OpType::REDUCE, opts.timeout, tensors, [&] { return gloo_->reduce(in, o); },
+                std::move(after));
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const AllgatherOptions& opts) {
-  auto shmFits = [&] {
-    if (!shm_ || inputs.size() != 1 || outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_ ||
-        !shm_moves(inputs[0])) {
-      return false;
+  constexpr const char* op = "all_gather";
+  validate(OpType::ALLGATHER, opts.timeout, [&] {
+    if (inputs.size() != 1) reject_value(ArgProblem::ListLength, op, ": takes one input tensor, got ", inputs.size());
+    if (outputs.size() != 1) {
+      reject_value(ArgProblem::ListLength, op, ": takes one output tensor list, got ", outputs.size());
     }
-    for (const auto& o : outputs[0]) {
-      if (o.scalar_type() != inputs[0].scalar_type() || o.numel() != inputs[0].numel() || !o.is_contiguous()) {
-        return false;
-      }
+    if (static_cast<int>(outputs[0].size()) != size_) {
+      reject_value(ArgProblem::ListLength, op, ": invalid output tensor list (expected length ", size_,
+                   ", the group size, got ", outputs[0].size(), ")");
     }
-    return true;
-  };
-  if (shmFits()) {
-    return launchShm(OpType::ALLGATHER, opts.timeout, outputs[0], inputs, "c10d::allgather_ (shm)",
-                     [this, outs = outputs[0], input = inputs[0]](std::chrono::milliseconds timeout,
-                                                                 const neuronrt::ShmCheck* check) {
+    check_same_device(op, {{&inputs, "input"}, {&outputs[0], "output"}});
+    for (int r = 0; r < size_; ++r) {
+      check_dtype(op, outputs[0][r], c10::str("output ", r), inputs[0].scalar_type(), "input");
+    }
+    if (outputs[0][rank_].numel() != inputs[0].numel()) {
+      reject_value(ArgProblem::Size, op, ": output ", rank_, " (this rank's own slot) must have the input's size, got ",
+                   outputs[0][rank_].sizes(), " and ", inputs[0].sizes());
+    }
+  });
+  // The ranks compare the output lists: rank r's input fills output r.
+  const std::vector<at::Tensor>& outs = outputs[0];
+  bool even = true;
+  for (const auto& o : outs) even = even && o.numel() == inputs[0].numel();
+  if (!even) return allgatherUneven(outs, inputs[0], opts);
+  if (shm_ && shm_moves(inputs[0])) {
+    return launchShm(OpType::ALLGATHER, opts.timeout, outs, outs, "c10d::allgather_ (shm)",
+                     [this, outs, input = inputs[0]](std::chrono::milliseconds timeout,
+                                                     const neuronrt::ShmCheck* check) {
                        at::Tensor in = host_view(input).contiguous();
                        std::vector<at::Tensor> hostOuts = host_view(outs);
+                       // Non-contiguous outputs are filled through a contiguous scratch.
+                       std::vector<at::Tensor> staged(hostOuts.size());
                        std::vector<void*> ptrs;
-                       for (auto& o : hostOuts) ptrs.push_back(o.data_ptr());
+                       for (size_t r = 0; r < hostOuts.size(); ++r) {
+                         if (!hostOuts[r].is_contiguous()) staged[r] = at::empty(hostOuts[r].sizes(), hostOuts[r].options());
+                         ptrs.push_back(staged[r].defined() ? staged[r].data_ptr() : hostOuts[r].data_ptr());
+                       }
                        shm_->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(in.numel()) * in.element_size(),
                                         timeout, check);
+                       for (size_t r = 0; r < hostOuts.size(); ++r) {
+                         if (staged[r].defined()) hostOuts[r].copy_(staged[r]);
+                       }
                      });
   }
-  agree(OpType::ALLGATHER, opts.timeout, inputs);
-  auto access = expose(flatten(outputs), inputs);
+  agree(OpType::ALLGATHER, opts.timeout, outs);
+  auto access = expose(outs, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
-  return launch(std::move(access), OpType::ALLGATHER, opts.timeout, flatten(outputs),
+  return launch(std::move(access), OpType::ALLGATHER, opts.timeout, outs,
                 [&] { return gloo_->allgather(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgatherUneven(const std::vector<at::Tensor>& outs,
+                                                             const at::Tensor& input, const AllgatherOptions& opts) {
+  // Outputs of different sizes (NCCL gathers them; Gloo refuses): every rank
+  // pads its input to the largest output's bytes, the padded blocks are
+  // gathered as bytes, and each block's leading bytes go to its output.
+  int64_t block = 0;
+  for (const auto& o : outs) block = std::max<int64_t>(block, o.numel() * static_cast<int64_t>(o.element_size()));
+  auto copy_out = [outs](const at::Tensor& gathered, int64_t blockBytes) {
+    std::vector<at::Tensor> hostOuts = host_view(outs);
+    for (size_t r = 0; r < hostOuts.size(); ++r) {
+      at::Tensor& o = hostOuts[r];
+      if (o.numel() == 0) continue;
+      const int64_t bytes = o.numel() * static_cast<int64_t>(o.element_size());
+      o.copy_(gathered.narrow(0, static_cast<int64_t>(r) * blockBytes, bytes).view(o.scalar_type()).view(o.sizes()));
+    }
+  };
+  auto padded = [block](const at::Tensor& in) {
+    at::Tensor p = at::zeros({block}, at::kByte);
+    at::Tensor b = flat_bytes(host_view(in));
+    p.narrow(0, 0, b.numel()).copy_(b);
+    return p;
+  };
+  if (shm_) {
+    return launchShm(OpType::ALLGATHER, opts.timeout, outs, outs, "c10d::allgather_ (shm, uneven)",
+                     [this, input, block, padded, copy_out](std::chrono::milliseconds timeout,
+                                                            const neuronrt::ShmCheck* check) {
+                       at::Tensor in = padded(input);
+                       at::Tensor out = at::empty({block * size_}, at::kByte);
+                       std::vector<void*> ptrs;
+                       for (int r = 0; r < size_; ++r) ptrs.push_back(static_cast<uint8_t*>(out.data_ptr()) + r * block);
+                       shm_->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(block), timeout, check);
+                       copy_out(out, block);
+                     });
+  }
+  agree(OpType::ALLGATHER, opts.timeout, outs);
+  auto access = expose(outs, {input});
+  at::Tensor in = padded(input);
+  at::Tensor out = at::empty({block * size_}, at::kByte);
+  return launch(std::move(access), OpType::ALLGATHER, opts.timeout, outs,
+                [&] { return gloo_->_allgather_base(out, in, opts); }, [copy_out, out, in, block] { copy_out(out, block); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const AllgatherOptions& opts) {
-  if (shm_ && shm_moves(input) && output.scalar_type() == input.scalar_type() &&
-      output.numel() == input.numel() * size_) {
+  constexpr const char* op = "all_gather_into_tensor";
+  validate(OpType::_ALLGATHER_BASE, opts.timeout, [&] {
+    const std::vector<at::Tensor> in{input}, out{output};
+    check_same_device(op, {{&in, "input"}, {&out, "output"}});
+    check_dtype(op, output, "output tensor", input.scalar_type(), "input tensor");
+    if (output.numel() != input.numel() * size_) {
+      reject_value(ArgProblem::Size, op, ": output tensor size must be equal to world_size times input tensor size (",
+                   output.sizes(), " vs ", size_, " x ", input.sizes(), ")");
+    }
+  });
+  if (shm_ && shm_moves(input)) {
     return launchShm(OpType::_ALLGATHER_BASE, opts.timeout, {output}, {input}, "c10d::_allgather_base_ (shm)",
                      [this, output, input](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
                        at::Tensor in = host_view(input).contiguous();
@@ -1112,27 +1455,114 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output,
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const AllgatherOptions& opts) {
+  constexpr const char* op = "all_gather_coalesced";
+  // torch.distributed documents (and Gloo implements) output_tensor_lists
+  // indexed [rank][i], i the input. The vendor product indexes them
+  // [i][rank]; that layout is accepted too when only it fits the shapes
+  // (when both fit, e.g. as many equal-shaped inputs as ranks, torch's wins).
+  std::vector<std::vector<at::Tensor>> byRank;
+  validate(OpType::ALLGATHER_COALESCED, opts.timeout, [&] {
+    check_nonempty(op, inputs, "input_tensor_list");
+    const size_t n = inputs.size(), world = static_cast<size_t>(size_);
+    ArgProblem problem = ArgProblem::Other, unused = ArgProblem::Other;
+    const std::string torchLayout = list_layout_problem(
+        outputs, world, [&](size_t, size_t i) -> const at::Tensor& { return inputs[i]; }, n, &problem);
+    if (torchLayout.empty()) {
+      byRank = outputs;
+    } else if (list_layout_problem(outputs, n, [&](size_t i, size_t) -> const at::Tensor& { return inputs[i]; },
+                                   world, &unused).empty()) {
+      byRank.assign(world, {});
+      for (size_t r = 0; r < world; ++r) {
+        for (size_t i = 0; i < n; ++i) byRank[r].push_back(outputs[i][r]);
+      }
+    } else {
+      const std::string msg = c10::str(op, ": output_tensor_lists must hold ", world, " lists (one per rank) of ", n,
+                                       " tensors matching the inputs' dtypes and sizes: ", torchLayout);
+      if (problem == ArgProblem::Dtype) reject_type(problem, msg);
+      reject_value(problem, msg);
+    }
+    const std::vector<at::Tensor> flat = flatten(byRank);
+    check_same_device(op, {{&inputs, "input"}, {&flat, "output"}});
+  });
   agree(OpType::ALLGATHER_COALESCED, opts.timeout, inputs);
-  auto access = expose(flatten(outputs), inputs);
-  auto hostOut = to_host(outputs);
+  const std::vector<at::Tensor> flatOut = flatten(byRank);
+  auto access = expose(flatOut, inputs);
+  auto hostOut = to_host(byRank);
   auto hostIn = to_host(inputs);
-  return launch(std::move(access), OpType::ALLGATHER_COALESCED, opts.timeout, flatten(outputs),
+  // Gloo checks each output's shape against its input: hand it flat views.
+  for (auto& l : hostOut) {
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (l[i].is_contiguous() && hostIn[i].is_contiguous()) l[i] = l[i].view({-1});
+    }
+  }
+  for (auto& t : hostIn) {
+    if (t.is_contiguous()) t = t.view({-1});
+  }
+  return launch(std::move(access), OpType::ALLGATHER_COALESCED, opts.timeout, flatOut,
                 [&] { return gloo_->allgather_coalesced(hostOut, hostIn, opts); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const AllgatherOptions& opts) {
+  constexpr const char* op = "all_gather_into_tensor_coalesced";
+  validate(OpType::COALESCED, opts.timeout, [&] {
+    check_nonempty(op, inputs, "inputs");
+    if (outputs.size() != inputs.size()) {
+      reject_value(ArgProblem::ListLength, op, ": needs one output per input, got ", outputs.size(), " outputs and ",
+                   inputs.size(), " inputs");
+    }
+    check_same_device(op, {{&inputs, "input"}, {&outputs, "output"}});
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_dtype(op, outputs[i], c10::str("output tensor ", i), inputs[i].scalar_type(), "input tensor");
+      if (outputs[i].numel() != inputs[i].numel() * size_) {
+        reject_value(ArgProblem::Size, op, ": output tensor size must be equal to world_size times input tensor size",
+                     " (output ", i, " is ", outputs[i].sizes(), ", input ", inputs[i].sizes(), ", world size ", size_,
+                     ")");
+      }
+    }
+  });
   agree(OpType::COALESCED, opts.timeout, inputs);
   auto access = expose(outputs, inputs);
   auto hostOut = to_host(outputs);
   auto hostIn = to_host(inputs);
+  // Any contiguous output of world x input elements, as _allgather_base.
+  for (size_t i = 0; i < hostOut.size(); ++i) {
+    if (hostOut[i].is_contiguous() && hostIn[i].is_contiguous()) {
+      hostOut[i] = hostOut[i].view({-1});
+      hostIn[i] = hostIn[i].view({-1});
+    }
+  }
   return launch(std::move(access), OpType::COALESCED, opts.timeout, outputs,
                 [&] { return gloo_->allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs, const GatherOptions& opts) {
+  constexpr const char* op = "gather";
+  validate(OpType::GATHER, opts.timeout, [&] {
+    if (opts.rootRank < 0 || opts.rootRank >= size_) {
+      reject_value(ArgProblem::Other, op, ": invalid destination rank ", opts.rootRank, " for group size ", size_);
+    }
+    if (inputs.size() != 1) reject_value(ArgProblem::ListLength, op, ": takes one input tensor, got ", inputs.size());
+    const std::vector<at::Tensor> flat = flatten(outputs);
+    check_same_device(op, {{&inputs, "input"}, {&flat, "output"}});
+    if (rank_ == opts.rootRank) {
+      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+        reject_value(ArgProblem::ListLength, op, ": invalid gather_list on the destination rank (expected ", size_,
+                     " tensors, the group size, got ", outputs.empty() ? 0 : outputs[0].size(), ")");
+      }
+      for (int r = 0; r < size_; ++r) {
+        check_dtype(op, outputs[0][r], c10::str("gather_list[", r, "]"), inputs[0].scalar_type(), "input");
+        if (outputs[0][r].numel() != inputs[0].numel()) {
+          reject_value(ArgProblem::Size, op, ": gather_list[", r, "] must have the input's size, got ",
+                       outputs[0][r].sizes(), " and ", inputs[0].sizes());
+        }
+      }
+    } else if (!flat.empty()) {
+      reject_value(ArgProblem::ListLength, op, ": only the destination rank passes a gather_list");
+    }
+  });
   agree(OpType::GATHER, opts.timeout, inputs);
   auto access = expose(flatten(outputs), inputs);
   auto hostOut = to_host(outputs);
@@ -1144,6 +1574,30 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::
 c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const ScatterOptions& opts) {
+  constexpr const char* op = "scatter";
+  validate(OpType::SCATTER, opts.timeout, [&] {
+    if (opts.rootRank < 0 || opts.rootRank >= size_) {
+      reject_value(ArgProblem::Other, op, ": invalid source rank ", opts.rootRank, " for group size ", size_);
+    }
+    if (outputs.size() != 1) reject_value(ArgProblem::ListLength, op, ": takes one output tensor, got ", outputs.size());
+    const std::vector<at::Tensor> flat = flatten(inputs);
+    check_same_device(op, {{&outputs, "output"}, {&flat, "input"}});
+    if (rank_ == opts.rootRank) {
+      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+        reject_value(ArgProblem::ListLength, op, ": invalid scatter_list on the source rank (expected ", size_,
+                     " tensors, the group size, got ", inputs.empty() ? 0 : inputs[0].size(), ")");
+      }
+      for (int r = 0; r < size_; ++r) {
+        check_dtype(op, inputs[0][r], c10::str("scatter_list[", r, "]"), outputs[0].scalar_type(), "output");
+        if (inputs[0][r].numel() != outputs[0].numel()) {
+          reject_value(ArgProblem::Size, op, ": scatter_list[", r, "] must have the output's size, got ",
+                       inputs[0][r].sizes(), " and ", outputs[0].sizes());
+        }
+      }
+    } else if (!flat.empty()) {
+      reject_value(ArgProblem::ListLength, op, ": only the source rank passes a scatter_list");
+    }
+  });
   agree(OpType::SCATTER, opts.timeout, outputs);
   auto access = expose(outputs, flatten(inputs));
   auto hostOut = to_host(outputs);
@@ -1154,17 +1608,26 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& ou
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const ReduceScatterOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
-                    "neuron backend: reduce_scatter takes one output tensor and one list of inputs");
-  TORCH_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, "neuron backend: reduce_scatter needs ", size_,
-                    " input tensors (one per rank), got ", inputs[0].size());
-  for (const auto& t : inputs[0]) {
-    TORCH_CHECK_VALUE(t.numel() == outputs[0].numel() && t.scalar_type() == outputs[0].scalar_type(),
-                      "neuron backend: reduce_scatter inputs must match the output's size and dtype, got ",
-                      t.sizes(), " ", t.scalar_type(), " for output ", outputs[0].sizes(), " ",
-                      outputs[0].scalar_type());
-  }
-  check_reduction(inputs[0], opts.reduceOp, "reduce_scatter");
+  constexpr const char* op = "reduce_scatter";
+  validate(OpType::REDUCE_SCATTER, opts.timeout, [&] {
+    if (outputs.size() != 1 || inputs.size() != 1) {
+      reject_value(ArgProblem::ListLength, op, ": takes one output tensor and one list of inputs");
+    }
+    if (static_cast<int>(inputs[0].size()) != size_) {
+      reject_value(ArgProblem::ListLength, op, ": needs ", size_, " input tensors (one per rank), got ",
+                   inputs[0].size());
+    }
+    check_same_device(op, {{&outputs, "output"}, {&inputs[0], "input"}});
+    for (size_t r = 0; r < inputs[0].size(); ++r) {
+      check_dtype(op, inputs[0][r], c10::str("input ", r), outputs[0].scalar_type(), "output");
+      if (inputs[0][r].numel() != outputs[0].numel()) {
+        reject_value(ArgProblem::Size, op, ": input ", r, " must have the output's size, got ", inputs[0][r].sizes(),
+                     " and ", outputs[0].sizes());
+      }
+    }
+    check_reduction_arg(inputs[0], opts.reduceOp, op);
+  });
+  const int64_t redop = opts.reduceOp.op_;
   if (shm_ && shm_reduces(outputs[0], opts.reduceOp)) {
     return launchShm(OpType::REDUCE_SCATTER, opts.timeout, outputs, outputs, "c10d::reduce_scatter_ (shm)",
                      [this, output = outputs[0], ins = inputs[0], op = opts.reduceOp](std::chrono::milliseconds timeout,
@@ -1177,9 +1640,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                        shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
                                             *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
                        hostOut.copy_(out.view(hostOut.sizes()));
-                     });
+                     },
+                     redop);
   }
-  agree(OpType::REDUCE_SCATTER, opts.timeout, outputs);
+  agree(OpType::REDUCE_SCATTER, opts.timeout, outputs, {}, {}, redop);
   auto access = expose(outputs, flatten(inputs));
   // The list form runs as the flat form over one contiguous scratch input
   // (scaled or widened as needed) and a scratch output copied back.
@@ -1190,16 +1654,26 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
   at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
   ReduceScatterOptions o = opts;
   o.reduceOp = gloo_op(opts.reduceOp);
-  return launch(std::move(access), 
+  return launch(std::move(access),
       OpType::REDUCE_SCATTER, opts.timeout, outputs, [&] { return gloo_->_reduce_scatter_base(out, in, o); },
       [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const ReduceScatterOptions& opts) {
-  check_reduction({input}, opts.reduceOp, "reduce_scatter_tensor");
-  if (shm_ && shm_reduces(input, opts.reduceOp) && output.scalar_type() == input.scalar_type() &&
-      input.numel() == output.numel() * size_) {
+  constexpr const char* op = "reduce_scatter_tensor";
+  validate(OpType::_REDUCE_SCATTER_BASE, opts.timeout, [&] {
+    const std::vector<at::Tensor> in{input}, out{output};
+    check_same_device(op, {{&in, "input"}, {&out, "output"}});
+    check_dtype(op, input, "input tensor", output.scalar_type(), "output tensor");
+    if (input.numel() != output.numel() * size_) {
+      reject_value(ArgProblem::Size, op, ": input tensor must be the same size as output size times world size (",
+                   input.sizes(), " vs ", size_, " x ", output.sizes(), ")");
+    }
+    check_reduction_arg({input}, opts.reduceOp, op);
+  });
+  const int64_t redop = opts.reduceOp.op_;
+  if (shm_ && shm_reduces(input, opts.reduceOp)) {
     return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, {input},
                      "c10d::_reduce_scatter_base_ (shm)",
                      [this, output, input, op = opts.reduceOp](std::chrono::milliseconds timeout,
@@ -1211,9 +1685,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& ou
                        shm_->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(hostOut.numel()),
                                             *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
                        if (!direct) hostOut.copy_(out.view(hostOut.sizes()));
-                     });
+                     },
+                     redop);
   }
-  agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input});
+  agree(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {input}, {}, {}, redop);
   auto access = expose({output}, {input});
   at::Tensor hostOut = host_view(output);
   at::Tensor in = reduction_input(host_view(input), opts.reduceOp);
@@ -1227,14 +1702,31 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& ou
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const ReduceScatterOptions& opts) {
-  check_reduction(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced");
-  agree(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, inputs);
+  constexpr const char* op = "reduce_scatter_tensor_coalesced";
+  validate(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, [&] {
+    check_nonempty(op, inputs, "inputs");
+    if (outputs.size() != inputs.size()) {
+      reject_value(ArgProblem::ListLength, op, ": needs one output per input, got ", outputs.size(), " outputs and ",
+                   inputs.size(), " inputs");
+    }
+    check_same_device(op, {{&inputs, "input"}, {&outputs, "output"}});
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_dtype(op, inputs[i], c10::str("input tensor ", i), outputs[i].scalar_type(), "output tensor");
+      if (inputs[i].numel() != outputs[i].numel() * size_) {
+        reject_value(ArgProblem::Size, op, ": input tensor must be the same size as output size times world size",
+                     " (input ", i, " is ", inputs[i].sizes(), ", output ", outputs[i].sizes(), ", world size ", size_,
+                     ")");
+      }
+    }
+    check_reduction_arg(inputs, opts.reduceOp, op);
+  });
+  agree(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, inputs, {}, {}, opts.reduceOp.op_);
   auto access = expose(outputs, inputs);
   auto hostOut = host_view(outputs);
   auto in = reduction_input(host_view(inputs), opts.reduceOp);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < hostOut.size(); ++i) {
-    const auto dtype = i < in.size() ? in[i].scalar_type() : hostOut[i].scalar_type();
+    const auto dtype = in[i].scalar_type();
     out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
   }
   auto keep = in;
@@ -1250,6 +1742,14 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& outputSplits,
                                                            std::vector<int64_t>& inputSplits,
                                                            const AllToAllOptions& opts) {
+  constexpr const char* op = "all_to_all_single";
+  validate(OpType::ALLTOALL_BASE, opts.timeout, [&] {
+    const std::vector<at::Tensor> in{input}, out{output};
+    check_same_device(op, {{&in, "input"}, {&out, "output"}});
+    check_dtype(op, output, "output tensor", input.scalar_type(), "input tensor");
+    check_splits(op, input, inputSplits, size_, "input");
+    check_splits(op, output, outputSplits, size_, "output");
+  });
   // Splits in elements (dimension-0 rows times row size; none = equal).
   auto elements = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
     const int64_t row = t.dim() == 0 || t.size(0) == 0 ? 0 : t.numel() / t.size(0);
@@ -1267,9 +1767,18 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, a
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs, const AllToAllOptions& opts) {
-  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
-                    "neuron backend: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
-                    " and ", outputs.size());
+  constexpr const char* op = "all_to_all";
+  validate(OpType::ALLTOALL, opts.timeout, [&] {
+    if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
+      reject_value(ArgProblem::ListLength, op, ": needs ", size_, " input and output tensors (the group size), got ",
+                   inputs.size(), " and ", outputs.size());
+    }
+    check_same_device(op, {{&inputs, "input"}, {&outputs, "output"}});
+    for (int r = 0; r < size_; ++r) {
+      check_dtype(op, inputs[r], c10::str("input ", r), outputs[0].scalar_type(), "outputs");
+      check_dtype(op, outputs[r], c10::str("output ", r), outputs[0].scalar_type(), "outputs");
+    }
+  });
   {
     std::vector<int64_t> in, out;
     for (const auto& t : inputs) in.push_back(t.numel());
@@ -1281,8 +1790,6 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
   std::vector<at::Tensor> flatIn;
   std::vector<int64_t> inSplits, outSplits;
   for (const auto& t : to_host(inputs)) {
-    TORCH_CHECK_TYPE(t.scalar_type() == to_host(outputs[0]).scalar_type(),
-                     "neuron backend: all_to_all tensors must share one dtype");
     flatIn.push_back(t.reshape({-1}));
     inSplits.push_back(t.numel());
   }

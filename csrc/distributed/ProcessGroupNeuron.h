@@ -12,7 +12,7 @@
 //
 // Intra-node fast path: when every rank of the group runs on this host, the
 // group also maps a shared-memory segment (neuronrt::ShmCollectives, set up
-// through the group's store at construction) and runs all_reduce,
+// through the group's store at construction) and runs all_reduce, reduce,
 // reduce_scatter and all_gather there, and the pre-collective argument check
 // too. Gloo stays the transport for everything else and across hosts.
 // TORCH_NEURONX_SHM=0 turns the fast path off.
@@ -185,15 +185,31 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   // same error on a mismatch: Gloo would abort the process or move garbage.
   // TORCH_NEURONX_COLLECTIVE_CHECK=0 turns it off (saves a round trip).
   // recv / recvAnysource (srcRank < 0) with the p2p argument check.
+  // all_gather (list form) with outputs of different sizes, as NCCL allows.
+  c10::intrusive_ptr<Work> allgatherUneven(const std::vector<at::Tensor>& outs, const at::Tensor& input,
+                                           const AllgatherOptions& opts);
   c10::intrusive_ptr<Work> recvChecked(std::vector<at::Tensor>& tensors, int srcRank, int tag, OpType type);
+  // `redop` (a ReduceOp::RedOpType, -1 for none) is compared too: ranks
+  // reducing with different ops would take different paths or mix garbage.
   void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
-             const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {});
+             const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {},
+             int64_t redop = -1);
   // What a rank publishes for the check, and the mismatch report (empty when
   // every rank's words, `all` = size x words, agree).
   std::vector<int64_t> agreementWords(OpType type, const std::vector<at::Tensor>& tensors,
                                       const std::vector<int64_t>& inSplits = {},
-                                      const std::vector<int64_t>& outSplits = {}) const;
+                                      const std::vector<int64_t>& outSplits = {}, int64_t redop = -1) const;
   std::string disagreement(const std::vector<int64_t>& mine, const int64_t* all) const;
+  // One round of the argument check with `words` (shared memory or one small
+  // Gloo allgather); returns the mismatch report, throws DistBackendError
+  // when the exchange itself fails.
+  std::string exchangeWords(OpType type, std::chrono::milliseconds opTimeout, const std::vector<int64_t>& words);
+  // Local argument errors. `check` validates this rank's arguments before
+  // anything is exchanged; if it throws, this rank still takes part in the
+  // collective's argument check with words that say "rejected" (so its peers
+  // raise DistBackendError at once instead of waiting for a collective that
+  // never comes) and then rethrows its own error (ValueError / TypeError).
+  void validate(OpType type, std::chrono::milliseconds opTimeout, const std::function<void()>& check);
   void track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusive_ptr<Work> transport,
              std::function<void()> after, std::shared_ptr<void> access);
   c10::intrusive_ptr<WorkNeuron> makeWork(OpType type, std::chrono::milliseconds opTimeout,
@@ -210,7 +226,7 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   using ShmBody = std::function<void(std::chrono::milliseconds, const neuronrt::ShmCheck*)>;
   c10::intrusive_ptr<Work> launchShm(OpType type, std::chrono::milliseconds opTimeout, std::vector<at::Tensor> outputs,
                                      const std::vector<at::Tensor>& checked, const char* kernelName,
-                                     const ShmBody& body);
+                                     const ShmBody& body, int64_t redop = -1);
   std::unique_ptr<neuronrt::ShmCollectives> shm_;
   std::mutex shmMutex_;  // one shared-memory collective at a time per group
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
