@@ -1,15 +1,46 @@
-// Philox generator for neuron devices. State is 16 bytes, seed (u64) then
-// offset (u64), as DTensor's OffsetBasedRNGTracker expects of an accelerator.
+// Random-number generators of neuron devices (docs/api.md, "Random numbers").
+//
+// A generator draws from one of two sources:
+// - its engine (rng mode "cpu", the default): a CPU generator (mt19937) that
+//   the random op's CPU kernel consumes, so a seeded neuron run gives the
+//   CPU's numbers. A device's default generator uses the CPU default
+//   generator itself as its engine: a script that mixes CPU and neuron random
+//   ops consumes one stream in program order, as its CPU run does. An
+//   explicit torch.Generator(device="neuron") owns an engine seeded with its
+//   seed.
+// - the counter-based Philox stream (seed, offset) (rng mode "philox", or a
+//   generator whose state was set to an offset it has no snapshot for, as
+//   DTensor's OffsetBasedRNGTracker does), the scheme of device-side RNG.
+//
+// The state is 16 bytes, seed (u64) then offset (u64) in both modes: the
+// product documents that layout, and DTensor's _PhiloxState reads and writes
+// it in place. The offset advances by the values each op draws. In cpu mode
+// get_state() also keeps a snapshot of the engine under the (seed, offset) it
+// returns, and set_state() of such a pair restores the engine exactly.
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/GeneratorImpl.h>
+
+#include <deque>
+
+#include "csrc/runtime/Philox.h"
 
 namespace at::neuron {
 
+using neuronrt::RngMode;
+
+// The process-wide mode: TORCH_NEURONX_RNG at start, then set_rng_mode().
+RngMode rng_mode();
+void set_rng_mode(RngMode mode);
+
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  public:
-  explicit NeuronGeneratorImpl(c10::DeviceIndex device, uint64_t seed = c10::default_rng_seed_val);
+  // `engine` is the CPU generator the engine source draws from; `shared` says
+  // it is the CPU default generator (not owned: seeding it in philox mode
+  // would disturb the CPU stream).
+  NeuronGeneratorImpl(c10::DeviceIndex device, uint64_t seed, at::Generator engine, bool shared);
 
   void set_current_seed(uint64_t seed) override;
   uint64_t current_seed() const override { return seed_; }
@@ -19,16 +50,38 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   void set_state(const c10::TensorImpl& new_state) override;
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
 
-  // Reserves `n` values of the stream: returns the (seed, offset) pair to
-  // draw them from and advances the offset past them (a multiple of 4).
+  // Whether the next op draws from the engine (else from Philox).
+  bool draws_from_engine() const { return rng_mode() == RngMode::Cpu && !addressed_; }
+  const at::Generator& engine() const { return engine_; }
+  bool shares_cpu_default() const { return shared_; }
+
+  // Advances the offset past a draw of `n` values (a multiple of 4) and
+  // returns the (seed, offset) the draw started at.
   std::pair<uint64_t, uint64_t> reserve(uint64_t n);
 
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
  private:
+  struct Snapshot {
+    uint64_t seed;
+    uint64_t offset;
+    at::Tensor engine_state;
+  };
+
   NeuronGeneratorImpl* clone_impl() const override;
+  // Moves to (seed, offset): the engine snapshot taken there if there is one
+  // (cpu mode), else the Philox stream at that point.
+  void move_to(uint64_t seed, uint64_t offset);
+  // The engine state the pair names: a snapshot, or for offset 0 the freshly
+  // seeded engine. Undefined if none.
+  at::Tensor snapshot_at(uint64_t seed, uint64_t offset) const;
+
   uint64_t seed_;
-  uint64_t offset_ = 0;
+  mutable uint64_t offset_ = 0;  // get_state() may step past a stale snapshot
+  bool addressed_ = false;       // on Philox because the state named an offset without a snapshot
+  mutable at::Generator engine_;  // locked through its mutex, also by const readers
+  bool shared_;
+  mutable std::deque<Snapshot> snapshots_;  // least recently used first
 };
 
 const at::Generator& default_generator(c10::DeviceIndex device);
