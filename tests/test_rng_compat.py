@@ -181,6 +181,25 @@ def test_rng_state_round_trips(mode):
         torch.neuron.set_rng_mode("cpu")
 
 
+def test_state_moves_between_generators_and_copies():
+    import copy
+    import pickle
+
+    g = torch.Generator(device="neuron").manual_seed(5)
+    torch.randn(3, device="neuron", generator=g)
+    state = g.get_state()
+    other = torch.Generator(device="neuron")
+    other.set_state(state)
+    twins = [other, copy.deepcopy(g), pickle.loads(pickle.dumps(g))]
+    expect = torch.randn(9, device="neuron", generator=g).cpu()
+    for t in twins:
+        assert torch.equal(torch.randn(9, device="neuron", generator=t).cpu(), expect)
+    # ... and they are the CPU generator's numbers.
+    c = torch.Generator().manual_seed(5)
+    torch.randn(3, generator=c)
+    assert torch.equal(torch.randn(9, generator=c), expect)
+
+
 def test_state_after_cpu_draws_names_a_new_snapshot():
     # Two get_rng_state calls at one offset with CPU draws between them name
     # different engine states, so they must be different states.

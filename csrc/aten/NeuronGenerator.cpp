@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "NeuronFunctions.h"
@@ -15,9 +16,9 @@ namespace at::neuron {
 namespace {
 
 constexpr size_t kStateSize = 2 * sizeof(uint64_t);
-// Engine snapshots kept per generator: enough for activation checkpointing of
-// every layer of a deep model between its forward and its recomputation.
-constexpr size_t kMaxSnapshots = 1024;
+// Engine snapshots kept (about 5 KB each): enough for activation
+// checkpointing of every layer of deep models between forward and recomputation.
+constexpr size_t kMaxSnapshots = 2048;
 
 std::atomic<RngMode>& mode_flag() {
   static std::atomic<RngMode> mode{neuronrt::rng_mode_setting()};
@@ -36,6 +37,55 @@ at::Tensor fresh_engine_state(uint64_t seed) {
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.const_data_ptr(), b.const_data_ptr(), a.nbytes()) == 0;
 }
+
+// The engine states that states handed out in cpu mode name, by (seed, offset).
+class SnapshotRegistry {
+ public:
+  static SnapshotRegistry& instance() {
+    static SnapshotRegistry registry;
+    return registry;
+  }
+
+  // The engine state the pair names: a snapshot, or for offset 0 the freshly
+  // seeded engine. Undefined if none.
+  at::Tensor find(uint64_t seed, uint64_t offset) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->seed == seed && it->offset == offset) {
+          at::Tensor state = it->engine_state;
+          entries_.push_back(std::move(*it));  // most recently used last
+          entries_.erase(it);
+          return state;
+        }
+      }
+    }
+    return offset == 0 ? fresh_engine_state(seed) : at::Tensor();
+  }
+
+  // Names `state` by (seed, offset), or by the first pair after it (steps of
+  // 4) that is free or already names it; returns that offset.
+  uint64_t name(uint64_t seed, uint64_t offset, const at::Tensor& state) {
+    for (;; offset += 4) {
+      at::Tensor known = find(seed, offset);
+      if (known.defined() && same_bytes(known, state)) return offset;
+      if (known.defined()) continue;
+      std::lock_guard<std::mutex> lock(mutex_);
+      entries_.push_back({seed, offset, state});
+      if (entries_.size() > kMaxSnapshots) entries_.pop_front();
+      return offset;
+    }
+  }
+
+ private:
+  struct Entry {
+    uint64_t seed;
+    uint64_t offset;
+    at::Tensor engine_state;
+  };
+  std::mutex mutex_;
+  std::deque<Entry> entries_;  // least recently used first
+};
 
 }  // namespace
 
@@ -77,22 +127,10 @@ std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::reserve(uint64_t n) {
   return {seed_, start};
 }
 
-at::Tensor NeuronGeneratorImpl::snapshot_at(uint64_t seed, uint64_t offset) const {
-  for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it) {
-    if (it->seed == seed && it->offset == offset) {
-      at::Tensor state = it->engine_state;
-      snapshots_.push_back(std::move(*it));  // most recently used last
-      snapshots_.erase(it);
-      return state;
-    }
-  }
-  return offset == 0 ? fresh_engine_state(seed) : at::Tensor();
-}
-
 void NeuronGeneratorImpl::move_to(uint64_t seed, uint64_t offset) {
   if (rng_mode() == RngMode::Cpu) {
     if (seed == seed_ && offset == offset_ && !addressed_) return;  // already there
-    at::Tensor snapshot = snapshot_at(seed, offset);
+    at::Tensor snapshot = SnapshotRegistry::instance().find(seed, offset);
     if (snapshot.defined()) {
       std::lock_guard<std::mutex> lock(engine_.mutex());
       engine_.set_state(snapshot);
@@ -125,19 +163,10 @@ void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
 c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
   if (draws_from_engine()) {
     // Name the engine's current state by (seed, offset). A pair already
-    // naming another state (engine draws the offset does not count, such as
-    // CPU ops drawing from the shared engine) is not reused: step past it.
-    at::Tensor now = engine_state(engine_);
-    for (;;) {
-      at::Tensor known = snapshot_at(seed_, offset_);
-      if (!known.defined()) {
-        snapshots_.push_back({seed_, offset_, now});
-        if (snapshots_.size() > kMaxSnapshots) snapshots_.pop_front();
-        break;
-      }
-      if (same_bytes(known, now)) break;
-      offset_ += 4;
-    }
+    // naming another state (after engine draws the offset does not count,
+    // such as CPU ops drawing from the shared engine, or another generator's)
+    // is not reused: the offset steps past it.
+    offset_ = SnapshotRegistry::instance().name(seed_, offset_, engine_state(engine_));
   }
   auto state = at::empty({static_cast<int64_t>(kStateSize)}, at::TensorOptions().dtype(at::kByte));
   uint64_t buf[2] = {seed_, offset_};
@@ -156,7 +185,6 @@ NeuronGeneratorImpl* NeuronGeneratorImpl::clone_impl() const {
   auto* g = new NeuronGeneratorImpl(device().index(), seed_, std::move(engine), /*shared=*/false);
   g->offset_ = offset_;
   g->addressed_ = addressed_;
-  g->snapshots_ = snapshots_;
   return g;
 }
 

@@ -16,14 +16,14 @@
 // product documents that layout, and DTensor's _PhiloxState reads and writes
 // it in place. The offset advances by the values each op draws. In cpu mode
 // get_state() also keeps a snapshot of the engine under the (seed, offset) it
-// returns, and set_state() of such a pair restores the engine exactly.
+// returns, in a registry of the process (a pair names one engine state, for
+// every generator), and set_state() of such a pair restores the engine
+// exactly: round trips, clones, deep copies.
 #pragma once
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/GeneratorImpl.h>
-
-#include <deque>
 
 #include "csrc/runtime/Philox.h"
 
@@ -62,26 +62,15 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
  private:
-  struct Snapshot {
-    uint64_t seed;
-    uint64_t offset;
-    at::Tensor engine_state;
-  };
-
   NeuronGeneratorImpl* clone_impl() const override;
   // Moves to (seed, offset): the engine snapshot taken there if there is one
   // (cpu mode), else the Philox stream at that point.
   void move_to(uint64_t seed, uint64_t offset);
-  // The engine state the pair names: a snapshot, or for offset 0 the freshly
-  // seeded engine. Undefined if none.
-  at::Tensor snapshot_at(uint64_t seed, uint64_t offset) const;
-
   uint64_t seed_;
   mutable uint64_t offset_ = 0;  // get_state() may step past a stale snapshot
   bool addressed_ = false;       // on Philox because the state named an offset without a snapshot
   mutable at::Generator engine_;  // locked through its mutex, also by const readers
   bool shared_;
-  mutable std::deque<Snapshot> snapshots_;  // least recently used first
 };
 
 const at::Generator& default_generator(c10::DeviceIndex device);
