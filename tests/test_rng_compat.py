@@ -217,6 +217,31 @@ def test_state_after_cpu_draws_names_a_new_snapshot():
     assert torch.equal(torch.randn(10, device="neuron").cpu(), after_s2)
 
 
+def test_states_saved_by_another_process_resume_the_cpu_stream(tmp_path):
+    """Accelerate's save_state/load_state: CPU state and torch.neuron states to a file, restored
+    in a new process (CPU state first); the resumed draws are those of the uninterrupted run."""
+    path = str(tmp_path / "rng.pt")
+    save = run_json(f"""
+import json, torch, torch_neuronx, torch.nn.functional as F
+torch.manual_seed(12)
+torch.randn(7, device="neuron"); torch.rand(3); F.dropout(torch.ones(50, device="neuron"), 0.5)
+torch.save({{"cpu": torch.get_rng_state(), "neuron": torch.neuron.get_rng_state_all()}}, {path!r})
+after = [torch.randn(6, device="neuron").cpu(), F.dropout(torch.ones(30, device="neuron"), 0.5).cpu(), torch.rand(4)]
+print(json.dumps([t.tolist() for t in after]))
+""")
+    resumed = run_json(f"""
+import json, torch, torch_neuronx, torch.nn.functional as F
+torch.manual_seed(99)
+torch.randn(100, device="neuron")
+states = torch.load({path!r})
+torch.set_rng_state(states["cpu"])
+torch.neuron.set_rng_state_all(states["neuron"])
+after = [torch.randn(6, device="neuron").cpu(), F.dropout(torch.ones(30, device="neuron"), 0.5).cpu(), torch.rand(4)]
+print(json.dumps([t.tolist() for t in after]))
+""")
+    assert resumed == save
+
+
 def test_seed_only_state_reseeds():
     # The product accepts an 8-byte state: the seed, offset 0.
     torch.manual_seed(0)

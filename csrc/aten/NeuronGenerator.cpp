@@ -102,6 +102,7 @@ void NeuronGeneratorImpl::set_current_seed(uint64_t seed) {
   seed_ = seed;
   offset_ = 0;
   addressed_ = false;
+  named_ = at::Tensor();
   // A shared engine is the CPU default generator: seeding it in philox mode
   // would move the CPU stream for nothing.
   if (!shared_ || rng_mode() == RngMode::Cpu) {
@@ -118,7 +119,7 @@ uint64_t NeuronGeneratorImpl::seed() {
 
 void NeuronGeneratorImpl::set_offset(uint64_t offset) {
   TORCH_CHECK(offset % 4 == 0, "neuron RNG offset must be a multiple of 4, got ", offset);
-  move_to(seed_, offset);
+  move_to(seed_, offset, /*by_offset=*/true);
 }
 
 std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::reserve(uint64_t n) {
@@ -127,9 +128,8 @@ std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::reserve(uint64_t n) {
   return {seed_, start};
 }
 
-void NeuronGeneratorImpl::move_to(uint64_t seed, uint64_t offset) {
+void NeuronGeneratorImpl::move_to(uint64_t seed, uint64_t offset, bool by_offset) {
   if (rng_mode() == RngMode::Cpu) {
-    if (seed == seed_ && offset == offset_ && !addressed_) return;  // already there
     at::Tensor snapshot = SnapshotRegistry::instance().find(seed, offset);
     if (snapshot.defined()) {
       std::lock_guard<std::mutex> lock(engine_.mutex());
@@ -137,10 +137,22 @@ void NeuronGeneratorImpl::move_to(uint64_t seed, uint64_t offset) {
       seed_ = seed;
       offset_ = offset;
       addressed_ = false;
+      named_ = snapshot;
       return;
     }
-    // A state nobody took here (DTensor's per-shard offsets): the caller
-    // addresses the counter stream, which the engine cannot seek.
+    // A pair nobody here handed out. Moving away from a state this generator
+    // handed out (DTensor's per-shard offsets), set_offset, or moving on in
+    // the counter stream: the caller addresses the counter stream, which the
+    // engine cannot seek. Otherwise it is a state saved elsewhere (another
+    // process) whose engine state the caller restored with the CPU state
+    // (torch.set_rng_state, as Accelerate and Trainer do first): name it.
+    at::Tensor now = engine_state(engine_);
+    if (!by_offset && !addressed_ && !(named_.defined() && same_bytes(named_, now))) {
+      seed_ = seed;
+      offset_ = SnapshotRegistry::instance().name(seed, offset, now);
+      named_ = now;
+      return;
+    }
     addressed_ = true;
   }
   seed_ = seed;
@@ -157,7 +169,7 @@ void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
   uint64_t buf[2] = {0, 0};
   std::memcpy(buf, new_state.data(), n);  // 8 bytes: the seed, at offset 0 (as the product reads it)
   TORCH_CHECK(buf[1] % 4 == 0, "neuron RNG offset must be a multiple of 4, got ", buf[1]);
-  move_to(buf[0], buf[1]);
+  move_to(buf[0], buf[1], /*by_offset=*/false);
 }
 
 c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
@@ -166,7 +178,8 @@ c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
     // naming another state (after engine draws the offset does not count,
     // such as CPU ops drawing from the shared engine, or another generator's)
     // is not reused: the offset steps past it.
-    offset_ = SnapshotRegistry::instance().name(seed_, offset_, engine_state(engine_));
+    named_ = engine_state(engine_);
+    offset_ = SnapshotRegistry::instance().name(seed_, offset_, named_);
   }
   auto state = at::empty({static_cast<int64_t>(kStateSize)}, at::TensorOptions().dtype(at::kByte));
   uint64_t buf[2] = {seed_, offset_};

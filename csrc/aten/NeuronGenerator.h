@@ -18,7 +18,11 @@
 // get_state() also keeps a snapshot of the engine under the (seed, offset) it
 // returns, in a registry of the process (a pair names one engine state, for
 // every generator), and set_state() of such a pair restores the engine
-// exactly: round trips, clones, deep copies.
+// exactly: round trips, clones, deep copies. A pair it does not know is taken
+// as an offset into the counter stream when the caller moves away from a state
+// it got (DTensor) or calls set_offset, and otherwise as naming the engine's
+// current state (a state saved by another process, restored after the CPU
+// state that carries the engine).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -63,12 +67,13 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
 
  private:
   NeuronGeneratorImpl* clone_impl() const override;
-  // Moves to (seed, offset): the engine snapshot taken there if there is one
-  // (cpu mode), else the Philox stream at that point.
-  void move_to(uint64_t seed, uint64_t offset);
+  // Moves to (seed, offset): in cpu mode the engine state the pair names if
+  // there is one, else see the definition; in philox mode the counter stream.
+  void move_to(uint64_t seed, uint64_t offset, bool by_offset);
   uint64_t seed_;
   mutable uint64_t offset_ = 0;  // get_state() may step past a stale snapshot
   bool addressed_ = false;       // on Philox because the state named an offset without a snapshot
+  mutable at::Tensor named_;     // the engine state this generator last handed out or restored
   mutable at::Generator engine_;  // locked through its mutex, also by const readers
   bool shared_;
 };
