@@ -15,8 +15,9 @@ Also covered: checkpoint save/resume (optimizer, scheduler, RNG incl. ``torch.ne
 ``accelerate env``, ``torch.amp.GradScaler("neuron")``.
 
 Known gaps of the stock stack (third-party, not torch-neuronx) are ``xfail(strict=True)``:
-Transformers' Trainer does not checkpoint the ``torch.neuron`` RNG state, and Accelerate
-refuses ``fp16`` mixed precision on ``neuron``. See docs/training.md.
+Accelerate refuses ``fp16`` mixed precision on ``neuron``. (Transformers' Trainer does not
+checkpoint the ``torch.neuron`` RNG state, which matters only in rng mode "philox".) See
+docs/training.md.
 """
 
 from __future__ import annotations
