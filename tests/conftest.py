@@ -23,7 +23,7 @@ def _child_env(env):
     read their own), plus ``env`` (a value of None removes the variable)."""
     full_env = dict(os.environ)
     for key in ("NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES", "NEURON_RT_HBM_BYTES",
-                "TORCH_NEURONX_DISABLE_FALLBACK", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
+                "TORCH_NEURONX_DISABLE_FALLBACK", "TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_NEURONX_RNG"):
         full_env.pop(key, None)
     for key, value in (env or {}).items():
         if value is None:
@@ -58,6 +58,15 @@ def _restore_device_state():
     for i in range(torch.neuron.device_count()):
         torch.accelerator.set_stream(torch.neuron.default_stream(i))
     torch.neuron.set_device(0)
+
+
+@pytest.fixture
+def philox_rng():
+    """Neuron random ops draw from the Philox stream (rng mode "philox") during the test."""
+    previous = torch.neuron.get_rng_mode()
+    torch.neuron.set_rng_mode("philox")
+    yield
+    torch.neuron.set_rng_mode(previous)
 
 
 def run_python_timeout(code, timeout, env=None):

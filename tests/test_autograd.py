@@ -293,7 +293,7 @@ def test_native_dropout_uses_neuron_generator():
 
 
 def test_random_ops_use_neuron_generator():
-    """Ops with a Generator argument draw from the neuron Philox stream (the control for the xfail above)."""
+    """Ops with a Generator argument draw from the neuron generator (the control for the xfail above)."""
     for fn in (lambda: torch.rand(1000, device=DEV), lambda: torch.empty(1000, device=DEV).bernoulli_(0.5),
                lambda: torch.randperm(100, device=DEV)):
         torch.manual_seed(5)

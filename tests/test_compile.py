@@ -360,7 +360,22 @@ def test_cat_lowers_as_on_cpu():
     assert "std::tanh" not in codes[DEV]
 
 
-def test_compiled_random_ops_leave_cpu_generator_alone():
+def test_compiled_random_ops_equal_compiled_cpu():
+    # rng mode "cpu": Inductor's seeds come from the engine the CPU run draws
+    # them from, and the kernels are the CPU backend's.
+    fn = lambda x: F.dropout(x.sin(), 0.5, training=True) + torch.rand_like(x)  # noqa: E731
+    results = {}
+    for dev in ("cpu", DEV):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn)
+        x = torch.linspace(0, 1, 64, device=dev)
+        torch.manual_seed(9)
+        results[dev] = (compiled(x).cpu(), compiled(x).cpu(), torch.get_rng_state())
+    for a, b in zip(results[DEV], results["cpu"]):
+        assert torch.equal(a, b)
+
+
+def test_compiled_random_ops_leave_cpu_generator_alone(philox_rng):
     torch._dynamo.reset()
     fn = torch.compile(lambda x: torch.rand_like(x) + x)
     x = torch.zeros(32, device=DEV)

@@ -58,7 +58,7 @@ def test_torch_manual_seed_seeds_neuron():
     assert torch.neuron.get_rng_state(1)[:8].tolist() == list(struct.pack("<Q", 77))
 
 
-def test_neuron_stream_independent_of_cpu_draws():
+def test_neuron_stream_independent_of_cpu_draws(philox_rng):
     torch.neuron.manual_seed(5)
     a = torch.rand(16, device="neuron")
     torch.neuron.manual_seed(5)
@@ -67,11 +67,11 @@ def test_neuron_stream_independent_of_cpu_draws():
     assert torch.equal(a.cpu(), b.cpu())
 
 
-def test_manual_seed_all_and_per_device():
+def test_manual_seed_all_and_per_device(philox_rng):
     torch.neuron.manual_seed_all(9)
     a0 = torch.rand(8, device="neuron:0")
     a1 = torch.rand(8, device="neuron:1")
-    assert torch.equal(a0.cpu(), a1.cpu())  # same seed, same offset
+    assert torch.equal(a0.cpu(), a1.cpu())  # same seed, same offset (in cpu mode both draw from the CPU engine)
     with torch.neuron.device(1):
         torch.neuron.manual_seed(10)  # seeds only the current device
         assert torch.neuron.initial_seed() == 10
@@ -131,8 +131,11 @@ def test_rng_state_layout_and_restore():
 
 
 def test_set_rng_state_rejects_bad_state():
-    with pytest.raises(RuntimeError, match="16 bytes"):
-        torch.neuron.set_rng_state(torch.zeros(8, dtype=torch.uint8))
+    for n in (0, 4, 12, 17):
+        with pytest.raises(RuntimeError, match="16 bytes"):
+            torch.neuron.set_rng_state(torch.zeros(n, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="ByteTensor"):
+        torch.neuron.set_rng_state(torch.zeros(2, dtype=torch.int64))
     bad_offset = torch.zeros(16, dtype=torch.uint8)
     bad_offset[8] = 3
     with pytest.raises(RuntimeError, match="multiple of 4"):
@@ -152,7 +155,7 @@ def test_rng_state_all():
     assert torch.equal(torch.rand(6, device="neuron:1").cpu(), expect1)
 
 
-def test_generator_offsets():
+def test_generator_offsets(philox_rng):
     assert hasattr(torch.Generator, "get_offset") and hasattr(torch.Generator, "set_offset")
     g = torch.Generator(device="neuron").manual_seed(8)
     assert g.get_offset() == 0
@@ -260,8 +263,8 @@ def test_multinomial_respects_weights():
 
 # ---- dropout and checkpointing -------------------------------------------------------------------------------------
 
-def test_dropout_draws_from_neuron_generator():
-    """aten::native_dropout has no Generator argument; it must still draw from the neuron generator."""
+def test_dropout_draws_from_neuron_generator(philox_rng):
+    """aten::native_dropout has no Generator argument; in philox mode it must still draw from the neuron generator."""
     x = torch.ones(64, device="neuron")
     torch.neuron.manual_seed(0)
     a = F.dropout(x, 0.5)

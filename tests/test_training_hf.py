@@ -15,8 +15,9 @@ Also covered: checkpoint save/resume (optimizer, scheduler, RNG incl. ``torch.ne
 ``accelerate env``, ``torch.amp.GradScaler("neuron")``.
 
 Known gaps of the stock stack (third-party, not torch-neuronx) are ``xfail(strict=True)``:
-Transformers' Trainer does not checkpoint the ``torch.neuron`` RNG state, and Accelerate
-refuses ``fp16`` mixed precision on ``neuron``. See docs/training.md.
+Accelerate refuses ``fp16`` mixed precision on ``neuron``. (Transformers' Trainer does not
+checkpoint the ``torch.neuron`` RNG state, which matters only in rng mode "philox".) See
+docs/training.md.
 """
 
 from __future__ import annotations
@@ -276,7 +277,8 @@ def test_sft_matches_cpu(arch, scenario, tokenizer, datasets_, tmp_path):
 
 # --------------------------------------------------------------------------- checkpoint / resume
 class NeuronRngSFTTrainer(SFTTrainer):
-    """Workaround for the Transformers gap below: also checkpoint the ``torch.neuron`` RNG."""
+    """Workaround for the Transformers gap below (needed in rng mode "philox"): also checkpoint the
+    ``torch.neuron`` RNG."""
 
     def _save_rng_state(self, output_dir):
         super()._save_rng_state(output_dir)
@@ -335,10 +337,11 @@ def test_checkpoint_resume_without_dropout_stock_trainer(tokenizer, datasets_, t
     assert curve(resumed, first_step=4) == curve(full)[3:]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "transformers 5.18 Trainer._save_rng_state/_load_rng_state checkpoint CPU/CUDA/NPU/HPU/MLU/MUSA/XLA RNG "
-    "but not torch.neuron, so dropout masks after a resume differ; workaround: NeuronRngSFTTrainer above"))
 def test_checkpoint_resume_stock_trainer_restores_neuron_rng(uninterrupted, tokenizer, datasets_, tmp_path):
+    """transformers 5.18 Trainer._save_rng_state/_load_rng_state checkpoint CPU/CUDA/NPU/HPU/MLU/MUSA/XLA RNG
+    but not torch.neuron. In rng mode "cpu" (the default) the neuron default generators draw from the CPU
+    generator, so the CPU state Trainer restores resumes the dropout masks too; in mode "philox" they
+    would differ (NeuronRngSFTTrainer above is the workaround there)."""
     _, full = uninterrupted
     trainer, _ = _resume(SFTTrainer, uninterrupted, tokenizer, datasets_, tmp_path)
     assert curve(trainer, first_step=4) == full[3:]

@@ -205,9 +205,10 @@ bool is_generator_arg(const c10::Argument& arg) {
   return t->kind() == c10::TypeKind::GeneratorType;
 }
 
-// A CPU generator that draws from the neuron generator's Philox stream: seeded
-// from philox(seed, offset), so a given (seed, offset) always yields the same
-// values and get/set_offset select streams as on other accelerators.
+// In philox mode, a CPU generator that draws from the neuron generator's
+// Philox stream: seeded from philox(seed, offset), so a given (seed, offset)
+// always yields the same values and get/set_offset select streams as on other
+// accelerators.
 at::Generator bridge_generator(uint64_t seed, uint64_t offset) {
   auto r = neuronrt::philox4x32(seed, offset >> 2, /*subsequence=*/0x6e6575726f6eULL);
   uint64_t mixed = (static_cast<uint64_t>(r[1]) << 32) | r[0];
@@ -348,17 +349,12 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  // Random ops without a Generator argument (native_dropout, ...) draw from
-  // the CPU default engine inside their CPU kernel: reseed it from the device
-  // generator for the call and restore the caller's CPU RNG state afterwards.
-  std::optional<at::Generator> cpu_default;
-  at::Tensor cpu_saved_state;
-  if (!neuron_gen.defined() && op.hasTag(at::Tag::nondeterministic_seeded)) {
-    neuron_gen = default_generator(device);
-    cpu_default = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(cpu_default->mutex());
-    cpu_saved_state = cpu_default->get_state();
-  }
+  // Random ops draw from the device's generator (NeuronGenerator.h). Ops
+  // without a Generator argument (native_dropout, ...) draw from the CPU
+  // default generator inside their CPU kernel, which is the default neuron
+  // generator's engine in cpu mode.
+  const bool implicit = !neuron_gen.defined() && op.hasTag(at::Tag::nondeterministic_seeded);
+  if (implicit) neuron_gen = default_generator(device);
 
   // A neuron generator alone (no neuron tensor or device among the
   // arguments) routes a CPU op here: refuse it as CUDA does.
@@ -366,20 +362,42 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               neuron_gen.device(), "' (in ", schema.name(), ")");
 
   c10::DeviceGuard guard(device_of_index(device));
+  // Held across the kernel, so that draws and offsets stay in program order;
+  // the kernel itself locks the engine it draws from.
   std::unique_lock<std::mutex> gen_lock;
   NeuronGeneratorImpl* gen = nullptr;
-  if (cpu_default) {
+  // The CPU default generator, swapped to the Philox bridge for the call.
+  struct RestoreCpuDefault {
+    std::optional<at::Generator> gen;
+    at::Tensor state;
+    ~RestoreCpuDefault() {
+      if (!gen) return;
+      std::lock_guard<std::mutex> lock(gen->mutex());
+      gen->set_state(state);
+    }
+  } cpu_default;
+  if (neuron_gen.defined()) {
     gen = neuron_gen.get<NeuronGeneratorImpl>();
     gen_lock = std::unique_lock<std::mutex>(gen->mutex_);
-    at::Generator seeded = bridge_generator(gen->current_seed(), gen->get_offset());
-    std::lock_guard<std::mutex> lock(cpu_default->mutex());
-    cpu_default->set_state(seeded.get_state());
-  } else if (neuron_gen.defined()) {
-    gen = neuron_gen.get<NeuronGeneratorImpl>();
-    gen_lock = std::unique_lock<std::mutex>(gen->mutex_);
-    for (size_t i = 0; i < num_args; ++i) {
-      if (is_generator_arg(schema.arguments()[i])) {
-        (*stack)[args_begin + i] = bridge_generator(gen->current_seed(), gen->get_offset());
+    if (gen->draws_from_engine()) {
+      TORCH_INTERNAL_ASSERT(!implicit || gen->shares_cpu_default());
+      for (size_t i = 0; i < num_args && !implicit; ++i) {
+        if (is_generator_arg(schema.arguments()[i])) (*stack)[args_begin + i] = gen->engine();
+      }
+    } else if (implicit) {
+      // Philox: reseed the CPU default engine from the device generator for
+      // the call and restore the caller's CPU RNG state afterwards.
+      at::Generator cpu = at::detail::getDefaultCPUGenerator();
+      at::Generator seeded = bridge_generator(gen->current_seed(), gen->get_offset());
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      cpu_default.state = cpu.get_state();
+      cpu.set_state(seeded.get_state());
+      cpu_default.gen = cpu;
+    } else {
+      for (size_t i = 0; i < num_args; ++i) {
+        if (is_generator_arg(schema.arguments()[i])) {
+          (*stack)[args_begin + i] = bridge_generator(gen->current_seed(), gen->get_offset());
+        }
       }
     }
   }
@@ -392,10 +410,6 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     });
   }
   if (gen) gen->reserve(static_cast<uint64_t>(max_numel(*stack, stack->size() - schema.returns().size())));
-  if (cpu_default) {
-    std::lock_guard<std::mutex> lock(cpu_default->mutex());
-    cpu_default->set_state(cpu_saved_state);
-  }
 
   // Map results back to the device.
   call.sync_arguments();

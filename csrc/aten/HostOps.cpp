@@ -84,7 +84,7 @@ constexpr std::string_view kOps[] = {
     "masked_select", "nonzero", "nonzero_static", "cat", "flip", "roll", "repeat_interleave", "unfold",
     "unfold_backward", "fill", "zero", "arange", "linspace", "logspace", "eye", "tril_indices", "triu_indices",
     "_assert_async", "segment_reduce", "_segment_reduce_backward",
-    // random: drawn from the device generator's Philox stream
+    // random: drawn from the device generator (NeuronGenerator.h)
     "normal", "uniform", "bernoulli", "random", "exponential", "geometric", "log_normal", "cauchy", "multinomial",
     "randperm", "native_dropout", "native_dropout_backward", "_standard_gamma", "_standard_gamma_grad", "poisson",
     "binomial", "_sample_dirichlet", "_dirichlet_grad",

@@ -1,27 +1,114 @@
 #include "NeuronGenerator.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/TensorImpl.h>
-#include <ATen/Utils.h>
-#include <ATen/Functions.h>
 
+#include <atomic>
+#include <cstring>
 #include <deque>
 #include <mutex>
 
 #include "NeuronFunctions.h"
-#include "csrc/runtime/Philox.h"
 
 namespace at::neuron {
+namespace {
 
 constexpr size_t kStateSize = 2 * sizeof(uint64_t);
+// Engine snapshots kept (about 5 KB each): enough for activation
+// checkpointing of every layer of deep models between forward and recomputation.
+constexpr size_t kMaxSnapshots = 2048;
 
-NeuronGeneratorImpl::NeuronGeneratorImpl(c10::DeviceIndex device, uint64_t seed)
+std::atomic<RngMode>& mode_flag() {
+  static std::atomic<RngMode> mode{neuronrt::rng_mode_setting()};
+  return mode;
+}
+
+at::Tensor engine_state(at::Generator engine) {
+  std::lock_guard<std::mutex> lock(engine.mutex());
+  return engine.get_state();
+}
+
+at::Tensor fresh_engine_state(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
+}
+
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.const_data_ptr(), b.const_data_ptr(), a.nbytes()) == 0;
+}
+
+// The engine states that states handed out in cpu mode name, by (seed, offset).
+class SnapshotRegistry {
+ public:
+  static SnapshotRegistry& instance() {
+    static SnapshotRegistry registry;
+    return registry;
+  }
+
+  // The engine state the pair names: a snapshot, or for offset 0 the freshly
+  // seeded engine. Undefined if none.
+  at::Tensor find(uint64_t seed, uint64_t offset) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->seed == seed && it->offset == offset) {
+          at::Tensor state = it->engine_state;
+          entries_.push_back(std::move(*it));  // most recently used last
+          entries_.erase(it);
+          return state;
+        }
+      }
+    }
+    return offset == 0 ? fresh_engine_state(seed) : at::Tensor();
+  }
+
+  // Names `state` by (seed, offset), or by the first pair after it (steps of
+  // 4) that is free or already names it; returns that offset.
+  uint64_t name(uint64_t seed, uint64_t offset, const at::Tensor& state) {
+    for (;; offset += 4) {
+      at::Tensor known = find(seed, offset);
+      if (known.defined() && same_bytes(known, state)) return offset;
+      if (known.defined()) continue;
+      std::lock_guard<std::mutex> lock(mutex_);
+      entries_.push_back({seed, offset, state});
+      if (entries_.size() > kMaxSnapshots) entries_.pop_front();
+      return offset;
+    }
+  }
+
+ private:
+  struct Entry {
+    uint64_t seed;
+    uint64_t offset;
+    at::Tensor engine_state;
+  };
+  std::mutex mutex_;
+  std::deque<Entry> entries_;  // least recently used first
+};
+
+}  // namespace
+
+RngMode rng_mode() { return mode_flag().load(std::memory_order_relaxed); }
+void set_rng_mode(RngMode mode) { mode_flag().store(mode, std::memory_order_relaxed); }
+
+NeuronGeneratorImpl::NeuronGeneratorImpl(c10::DeviceIndex device, uint64_t seed, at::Generator engine, bool shared)
     : c10::GeneratorImpl(device_of_index(device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      seed_(seed) {}
+      seed_(seed),
+      engine_(std::move(engine)),
+      shared_(shared) {}
 
 void NeuronGeneratorImpl::set_current_seed(uint64_t seed) {
   seed_ = seed;
   offset_ = 0;
+  addressed_ = false;
+  named_ = at::Tensor();
+  // A shared engine is the CPU default generator: seeding it in philox mode
+  // would move the CPU stream for nothing.
+  if (!shared_ || rng_mode() == RngMode::Cpu) {
+    std::lock_guard<std::mutex> lock(engine_.mutex());
+    engine_.set_current_seed(seed);
+  }
 }
 
 uint64_t NeuronGeneratorImpl::seed() {
@@ -31,8 +118,8 @@ uint64_t NeuronGeneratorImpl::seed() {
 }
 
 void NeuronGeneratorImpl::set_offset(uint64_t offset) {
-  TORCH_CHECK(offset % 4 == 0, "neuron Philox offset must be a multiple of 4, got ", offset);
-  offset_ = offset;
+  TORCH_CHECK(offset % 4 == 0, "neuron RNG offset must be a multiple of 4, got ", offset);
+  move_to(seed_, offset, /*by_offset=*/true);
 }
 
 std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::reserve(uint64_t n) {
@@ -41,18 +128,59 @@ std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::reserve(uint64_t n) {
   return {seed_, start};
 }
 
+void NeuronGeneratorImpl::move_to(uint64_t seed, uint64_t offset, bool by_offset) {
+  if (rng_mode() == RngMode::Cpu) {
+    at::Tensor snapshot = SnapshotRegistry::instance().find(seed, offset);
+    if (snapshot.defined()) {
+      std::lock_guard<std::mutex> lock(engine_.mutex());
+      engine_.set_state(snapshot);
+      seed_ = seed;
+      offset_ = offset;
+      addressed_ = false;
+      named_ = snapshot;
+      return;
+    }
+    // A pair nobody here handed out. Moving away from a state this generator
+    // handed out (DTensor's per-shard offsets), set_offset, or moving on in
+    // the counter stream: the caller addresses the counter stream, which the
+    // engine cannot seek. Otherwise it is a state saved elsewhere (another
+    // process) whose engine state the caller restored with the CPU state
+    // (torch.set_rng_state, as Accelerate and Trainer do first): name it.
+    at::Tensor now = engine_state(engine_);
+    if (!by_offset && !addressed_ && !(named_.defined() && same_bytes(named_, now))) {
+      seed_ = seed;
+      offset_ = SnapshotRegistry::instance().name(seed, offset, now);
+      named_ = now;
+      return;
+    }
+    addressed_ = true;
+  }
+  seed_ = seed;
+  offset_ = offset;
+}
+
 void NeuronGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  TORCH_CHECK(new_state.dtype() == at::kByte && new_state.numel() == static_cast<int64_t>(kStateSize),
-              "neuron RNG state must be a ByteTensor of ", kStateSize, " bytes (seed, offset), got ",
-              new_state.numel(), " elements of ", new_state.dtype());
+  const int64_t n = new_state.numel();
+  TORCH_CHECK(new_state.dtype() == at::kByte && (n == kStateSize || n == sizeof(uint64_t)),
+              "neuron RNG state must be a ByteTensor of ", kStateSize, " bytes (seed, offset) or ",
+              sizeof(uint64_t), " bytes (seed), got ", n, " elements of ", new_state.dtype());
   TORCH_CHECK(new_state.device().is_cpu(), "RNG state must be a CPU tensor");
-  uint64_t buf[2];
-  std::memcpy(buf, new_state.data(), kStateSize);
-  seed_ = buf[0];
-  set_offset(buf[1]);
+  TORCH_CHECK(new_state.is_contiguous(), "RNG state must be contiguous");
+  uint64_t buf[2] = {0, 0};
+  std::memcpy(buf, new_state.data(), n);  // 8 bytes: the seed, at offset 0 (as the product reads it)
+  TORCH_CHECK(buf[1] % 4 == 0, "neuron RNG offset must be a multiple of 4, got ", buf[1]);
+  move_to(buf[0], buf[1], /*by_offset=*/false);
 }
 
 c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
+  if (draws_from_engine()) {
+    // Name the engine's current state by (seed, offset). A pair already
+    // naming another state (after engine draws the offset does not count,
+    // such as CPU ops drawing from the shared engine, or another generator's)
+    // is not reused: the offset steps past it.
+    named_ = engine_state(engine_);
+    offset_ = SnapshotRegistry::instance().name(seed_, offset_, named_);
+  }
   auto state = at::empty({static_cast<int64_t>(kStateSize)}, at::TensorOptions().dtype(at::kByte));
   uint64_t buf[2] = {seed_, offset_};
   std::memcpy(state.data_ptr(), buf, kStateSize);
@@ -60,8 +188,16 @@ c10::intrusive_ptr<c10::TensorImpl> NeuronGeneratorImpl::get_state() const {
 }
 
 NeuronGeneratorImpl* NeuronGeneratorImpl::clone_impl() const {
-  auto* g = new NeuronGeneratorImpl(device().index(), seed_);
+  // The clone owns a copy of the engine: drawing from it must not move the
+  // CPU stream or this generator.
+  at::Generator engine;
+  {
+    std::lock_guard<std::mutex> lock(engine_.mutex());
+    engine = engine_.clone();
+  }
+  auto* g = new NeuronGeneratorImpl(device().index(), seed_, std::move(engine), /*shared=*/false);
   g->offset_ = offset_;
+  g->addressed_ = addressed_;
   return g;
 }
 
@@ -69,8 +205,11 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::once_flag once;
   static std::deque<at::Generator> generators;
   std::call_once(once, [] {
+    // The CPU default generator's seed is c10::default_rng_seed_val too.
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
     for (int i = 0; i < neuronrt::device_count(); ++i) {
-      generators.emplace_back(at::make_generator<NeuronGeneratorImpl>(static_cast<c10::DeviceIndex>(i)));
+      generators.emplace_back(at::make_generator<NeuronGeneratorImpl>(static_cast<c10::DeviceIndex>(i),
+                                                                      cpu.current_seed(), cpu, /*shared=*/true));
     }
   });
   device = resolve_device(device);
@@ -78,7 +217,9 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
 }
 
 at::Generator new_generator(c10::DeviceIndex device) {
-  return at::make_generator<NeuronGeneratorImpl>(resolve_device(device));
+  return at::make_generator<NeuronGeneratorImpl>(resolve_device(device), c10::default_rng_seed_val,
+                                                 at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val),
+                                                 /*shared=*/false);
 }
 
 }  // namespace at::neuron

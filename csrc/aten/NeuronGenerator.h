@@ -1,15 +1,50 @@
-// Philox generator for neuron devices. State is 16 bytes, seed (u64) then
-// offset (u64), as DTensor's OffsetBasedRNGTracker expects of an accelerator.
+// Random-number generators of neuron devices (docs/api.md, "Random numbers").
+//
+// A generator draws from one of two sources:
+// - its engine (rng mode "cpu", the default): a CPU generator (mt19937) that
+//   the random op's CPU kernel consumes, so a seeded neuron run gives the
+//   CPU's numbers. A device's default generator uses the CPU default
+//   generator itself as its engine: a script that mixes CPU and neuron random
+//   ops consumes one stream in program order, as its CPU run does. An
+//   explicit torch.Generator(device="neuron") owns an engine seeded with its
+//   seed.
+// - the counter-based Philox stream (seed, offset) (rng mode "philox", or a
+//   generator whose state was set to an offset it has no snapshot for, as
+//   DTensor's OffsetBasedRNGTracker does), the scheme of device-side RNG.
+//
+// The state is 16 bytes, seed (u64) then offset (u64) in both modes: the
+// product documents that layout, and DTensor's _PhiloxState reads and writes
+// it in place. The offset advances by the values each op draws. In cpu mode
+// get_state() also keeps a snapshot of the engine under the (seed, offset) it
+// returns, in a registry of the process (a pair names one engine state, for
+// every generator), and set_state() of such a pair restores the engine
+// exactly: round trips, clones, deep copies. A pair it does not know is taken
+// as an offset into the counter stream when the caller moves away from a state
+// it got (DTensor) or calls set_offset, and otherwise as naming the engine's
+// current state (a state saved by another process, restored after the CPU
+// state that carries the engine).
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/GeneratorImpl.h>
+
+#include "csrc/runtime/Philox.h"
 
 namespace at::neuron {
 
+using neuronrt::RngMode;
+
+// The process-wide mode: TORCH_NEURONX_RNG at start, then set_rng_mode().
+RngMode rng_mode();
+void set_rng_mode(RngMode mode);
+
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  public:
-  explicit NeuronGeneratorImpl(c10::DeviceIndex device, uint64_t seed = c10::default_rng_seed_val);
+  // `engine` is the CPU generator the engine source draws from; `shared` says
+  // it is the CPU default generator (not owned: seeding it in philox mode
+  // would disturb the CPU stream).
+  NeuronGeneratorImpl(c10::DeviceIndex device, uint64_t seed, at::Generator engine, bool shared);
 
   void set_current_seed(uint64_t seed) override;
   uint64_t current_seed() const override { return seed_; }
@@ -19,16 +54,28 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   void set_state(const c10::TensorImpl& new_state) override;
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
 
-  // Reserves `n` values of the stream: returns the (seed, offset) pair to
-  // draw them from and advances the offset past them (a multiple of 4).
+  // Whether the next op draws from the engine (else from Philox).
+  bool draws_from_engine() const { return rng_mode() == RngMode::Cpu && !addressed_; }
+  const at::Generator& engine() const { return engine_; }
+  bool shares_cpu_default() const { return shared_; }
+
+  // Advances the offset past a draw of `n` values (a multiple of 4) and
+  // returns the (seed, offset) the draw started at.
   std::pair<uint64_t, uint64_t> reserve(uint64_t n);
 
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
  private:
   NeuronGeneratorImpl* clone_impl() const override;
+  // Moves to (seed, offset): in cpu mode the engine state the pair names if
+  // there is one, else see the definition; in philox mode the counter stream.
+  void move_to(uint64_t seed, uint64_t offset, bool by_offset);
   uint64_t seed_;
-  uint64_t offset_ = 0;
+  mutable uint64_t offset_ = 0;  // get_state() may step past a stale snapshot
+  bool addressed_ = false;       // on Philox because the state named an offset without a snapshot
+  mutable at::Tensor named_;     // the engine state this generator last handed out or restored
+  mutable at::Generator engine_;  // locked through its mutex, also by const readers
+  bool shared_;
 };
 
 const at::Generator& default_generator(c10::DeviceIndex device);

@@ -132,6 +132,11 @@ PYBIND11_MODULE(_C, m) {
     return at::neuron::rt_call([&] { return neuronrt::CachingAllocator::instance().mem_info(index); });
   });
   m.def("_empty_cache", [] { neuronrt::CachingAllocator::instance().empty_cache(); });
+  m.def("_get_rng_mode", [] { return at::neuron::rng_mode() == at::neuron::RngMode::Cpu ? "cpu" : "philox"; });
+  m.def("_set_rng_mode", [](const std::string& mode) {
+    TORCH_CHECK_VALUE(mode == "cpu" || mode == "philox", "rng mode must be 'cpu' or 'philox', got '", mode, "'");
+    at::neuron::set_rng_mode(mode == "cpu" ? at::neuron::RngMode::Cpu : at::neuron::RngMode::Philox);
+  });
   m.def("_default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(default_generator(static_cast<c10::DeviceIndex>(index)));
   });

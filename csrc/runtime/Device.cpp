@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "Error.h"
+#include "Philox.h"
 #include "Target.h"
 #include "Stream.h"
 
@@ -45,7 +46,7 @@ const DeviceConfig& environment_config() {
     const TargetModel& t = target();
     DeviceConfig c = parse_device_config(std::getenv("NEURON_RT_VISIBLE_CORES"), std::getenv("NEURON_RT_NUM_CORES"),
                                          std::getenv("NEURON_RT_HBM_BYTES"), t.cores_per_chip, t.hbm_per_core);
-    for (const std::string* e : {&target_error(), &launch_blocking_error()}) {
+    for (const std::string* e : {&target_error(), &launch_blocking_error(), &rng_mode_error()}) {
       if (e->empty()) continue;
       c.error += (c.error.empty() ? "" : "\n") + *e;
       c.cores.clear();

@@ -1,5 +1,8 @@
 #include "Philox.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace neuronrt {
 namespace {
 
@@ -42,5 +45,33 @@ void philox_uniform(float* out, size_t n, uint64_t seed, uint64_t offset) {
     }
   }
 }
+
+// ---- TORCH_NEURONX_RNG -----------------------------------------------------------
+
+namespace {
+struct RngModeSetting {
+  RngMode mode = RngMode::Cpu;
+  std::string error;
+};
+
+const RngModeSetting& rng_mode_from_env() {
+  static const RngModeSetting s = [] {
+    RngModeSetting out;
+    const char* v = std::getenv("TORCH_NEURONX_RNG");
+    if (v && *v) {
+      if (std::strcmp(v, "philox") == 0) {
+        out.mode = RngMode::Philox;
+      } else if (std::strcmp(v, "cpu") != 0) {
+        out.error = std::string("TORCH_NEURONX_RNG='") + v + "' is invalid. Accepted: cpu or philox.";
+      }
+    }
+    return out;
+  }();
+  return s;
+}
+}  // namespace
+
+RngMode rng_mode_setting() noexcept { return rng_mode_from_env().mode; }
+const std::string& rng_mode_error() noexcept { return rng_mode_from_env().error; }
 
 }  // namespace neuronrt

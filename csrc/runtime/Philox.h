@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace neuronrt {
 
@@ -24,5 +25,14 @@ void philox_uniform(float* out, size_t n, uint64_t seed, uint64_t offset);
 inline uint64_t philox_offset_increment(size_t n) {
   return (static_cast<uint64_t>(n) + 3) / 4 * 4;
 }
+
+// Where the random ops of a process draw from (TORCH_NEURONX_RNG, read once):
+// Cpu (the default) runs them on CPU-style engines, so a seeded neuron run
+// gives the CPU's numbers; Philox draws every value from the counter stream
+// (seed, offset), the device-side scheme.
+enum class RngMode { Cpu, Philox };
+RngMode rng_mode_setting() noexcept;
+// Empty when TORCH_NEURONX_RNG is valid (see check_configuration()).
+const std::string& rng_mode_error() noexcept;
 
 }  // namespace neuronrt

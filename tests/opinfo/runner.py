@@ -73,9 +73,11 @@ DEFAULT_CALLS = ("function", "out_cpu", "conjneg")
 # Skip / special-case lists (documented in docs/opinfo.md)
 # ---------------------------------------------------------------------------
 
-# Ops whose output *values* are random: CPU and device RNG streams are
-# unrelated, so only structure / shape / dtype / device are compared
-# ("metadata-only" check).  fnmatch patterns against ``op.name``.
+# Ops whose output *values* are random. Compared by value when the device
+# draws the CPU's numbers (torch_neuronx's rng mode "cpu", the default; both
+# runs are seeded alike); otherwise the streams are unrelated, so only
+# structure / shape / dtype / device are compared ("metadata-only" check).
+# fnmatch patterns against ``op.name``.
 RANDOM_OPS = (
     "bernoulli", "multinomial", "normal", "uniform", "cauchy", "exponential",
     "geometric", "log_normal", "poisson", "rand", "rand_like", "randn",
@@ -362,6 +364,8 @@ class GroupRunner:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.dev_type = self.device.type
+        dev_mod = getattr(torch, self.dev_type, None)
+        self.random_by_value = self.dev_type == "cpu" or getattr(dev_mod, "get_rng_mode", lambda: None)() == "cpu"
         # Fail fast (in the worker) if the device is unusable.
         t = torch.arange(4, dtype=torch.float32).to(self.device)
         if t.device.type != self.dev_type or t.cpu().tolist() != [0.0, 1.0, 2.0, 3.0]:
@@ -717,11 +721,11 @@ class GroupRunner:
 
         meta = None
         if _matches_any(op.name, RANDOM_OPS):
-            meta = "random"
+            meta = None if self.random_by_value else "random"
         elif _matches_any(op.name, UNINITIALIZED_OPS) or op.has_nondeterministic_output:
             meta = "uninitialized"
         elif op.name in RANDOM_SAMPLE_PREDICATES and RANDOM_SAMPLE_PREDICATES[op.name](s):
-            meta = "random"
+            meta = None if self.random_by_value else "random"
 
         # 1. device copy of the pristine sample (before the reference may mutate it)
         move_exc = None

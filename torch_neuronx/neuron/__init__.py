@@ -17,8 +17,8 @@ from .memory import (  # noqa: F401
 )
 from . import memory  # noqa: F401  (torch.neuron.memory._record_memory_history, ...)
 from .random import (  # noqa: F401
-    default_generators, get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all, seed,
-    seed_all, set_rng_state, set_rng_state_all,
+    default_generators, get_rng_mode, get_rng_state, get_rng_state_all, initial_seed, manual_seed, manual_seed_all,
+    seed, seed_all, set_rng_mode, set_rng_state, set_rng_state_all,
 )
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream  # noqa: F401
 
@@ -198,10 +198,10 @@ def get_arch_list() -> list:
 __all__ = [
     "Event", "Stream", "StreamContext", "caching_allocator_alloc", "caching_allocator_delete", "current_device", "current_stream", "default_generators", "default_stream",
     "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype", "get_device_capability",
-    "get_arch_list", "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
+    "get_arch_list", "get_device_name", "get_device_properties", "get_rng_mode", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
     "is_available", "is_bf16_supported", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
-    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_per_process_memory_fraction", "set_rng_state",
+    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_per_process_memory_fraction", "set_rng_mode", "set_rng_state",
     "set_rng_state_all", "set_stream", "stream", "synchronize",
 ]
 

@@ -1,14 +1,22 @@
-"""Random number state of the neuron devices (one Philox generator each)."""
+"""Random number state of the neuron devices (docs/api.md, "Random numbers").
+
+Each device has a default generator whose state is 16 bytes, seed then offset
+(little-endian u64 each). In rng mode "cpu" (the default) random ops draw
+from CPU engines, the default generators from the CPU default generator's, so
+a seeded neuron run gives the numbers of its CPU run; in mode "philox" they
+draw from the counter-based stream (seed, offset).
+"""
 import torch
 
 from .. import _C
 from ._utils import _get_device_index
 
 
-
 # One default generator per device, created at import so that the name
 # re-exported as torch.neuron.default_generators is the populated tuple.
 default_generators: tuple = tuple(_C._default_generator(i) for i in range(_C._device_count()))
+
+_RNG_MODES = ("cpu", "philox")
 
 
 def _generators():
@@ -44,11 +52,12 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device="neuron") -> torch.Tensor:
-    """16-byte ByteTensor: Philox seed then offset (little-endian u64 each)."""
+    """16-byte ByteTensor: seed then offset (little-endian u64 each)."""
     return _gen(device).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
+    """Restores a state from get_rng_state (16 bytes), or seeds from an 8-byte seed."""
     _gen(device).set_state(new_state.cpu() if new_state.device.type != "cpu" else new_state)
 
 
@@ -58,4 +67,22 @@ def get_rng_state_all() -> list:
 
 def set_rng_state_all(new_states) -> None:
     for g, state in zip(_generators(), new_states):
-        g.set_state(state)
+        g.set_state(state.cpu() if state.device.type != "cpu" else state)
+
+
+def get_rng_mode() -> str:
+    """Where neuron random ops draw from: ``"cpu"`` or ``"philox"``."""
+    return _C._get_rng_mode()
+
+
+def set_rng_mode(mode: str) -> None:
+    """Selects where neuron random ops draw from, from their next draw on.
+
+    ``"cpu"`` (the default, also ``TORCH_NEURONX_RNG=cpu``): CPU engines, so
+    after ``torch.manual_seed(s)`` neuron random tensors equal the CPU's.
+    ``"philox"`` (``TORCH_NEURONX_RNG=philox``): the counter-based stream at
+    each generator's (seed, offset), independent of the CPU generator.
+    """
+    if mode not in _RNG_MODES:
+        raise ValueError(f"rng mode must be one of {_RNG_MODES}, got {mode!r}")
+    _C._set_rng_mode(mode)
