@@ -3,10 +3,12 @@
 The framework comes from the argument types: torch tensors (on ``neuron``,
 or CPU — the CPU kernel of an nki_op), NumPy arrays, or FakeTensors (shape
 inference under torch.compile: the kernel is traced, not executed)."""
+import contextlib
 import functools
 import inspect
 import itertools
 import os
+import threading
 
 import numpy as np
 import torch
@@ -166,9 +168,30 @@ class Kernel:
         return _launch(self, args, kwargs)
 
 
+_observers = threading.local()
+
+
+@contextlib.contextmanager
+def observe_writes():
+    """Collects the tensors that kernel launches in this block write (known
+    from the trace, so FakeTensor launches report them too): nki_op checks
+    them against its ``mutates_args``."""
+    stack = _observers.__dict__.setdefault("stack", [])
+    written = []
+    stack.append(written)
+    try:
+        yield written
+    finally:
+        stack.pop()
+
+
 def _launch_impl(kernel, args, kwargs):
     bound = kernel._bind(args, kwargs)
     program, tensors, framework = kernel._specialise(bound)
+    stack = getattr(_observers, "stack", None)
+    if stack:
+        written = _written(program)
+        stack[-1].extend(t for n, t in tensors if n in written)
     if framework == "torch":
         return _run_torch(program, tensors)
     return _run_numpy(program, tensors)
@@ -215,6 +238,17 @@ def _written(program):
     return cached
 
 
+def _overlaps(shape, strides):
+    """Whether two elements of a strided view may share memory: sorted by
+    stride, each dim must step past the whole extent of the smaller ones."""
+    extent = 0
+    for stride, size in sorted((abs(st), n) for n, st in zip(shape, strides) if n > 1):
+        if stride <= extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
 def _row_major(items, program):
     """``items`` (name, tensor or array) with each non-contiguous one
     replaced by a contiguous copy; and the (caller's, copy) pairs of the
@@ -226,7 +260,7 @@ def _row_major(items, program):
             if t.is_contiguous():
                 out.append((name, t))
                 continue
-            if name in written and torch._debug_has_internal_overlap(t) != 0:
+            if name in written and _overlaps(t.shape, t.stride()):
                 raise NKIError(f"nki.jit: argument '{name}' is written by the kernel, but elements of it share "
                                f"memory (an expanded view); pass a tensor that owns its elements")
             c = t.contiguous()
@@ -234,7 +268,7 @@ def _row_major(items, program):
             if t.flags.c_contiguous:
                 out.append((name, t))
                 continue
-            if name in written and t.flags.writeable and 0 in t.strides and t.size > 1:
+            if name in written and t.flags.writeable and _overlaps(t.shape, [s // t.itemsize for s in t.strides]):
                 raise NKIError(f"nki.jit: argument '{name}' is written by the kernel, but elements of it share "
                                f"memory (a broadcast view); pass an array that owns its elements")
             c = np.ascontiguousarray(t)
