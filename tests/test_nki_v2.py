@@ -183,6 +183,23 @@ def test_numpy_and_simulate_return_written_argument(dtype):
     _check(out, _ref_add(a, b))
 
 
+@pytest.mark.parametrize("executor", ["native", "interpreter"])
+def test_both_executors_keep_unwritten_argument_data(executor, monkeypatch):
+    """A written argument is not an allocated output: neither executor fills
+    it with the NaN sentinel, so elements the kernel does not write keep
+    their values (here the kernel writes rows 0..127 of 192)."""
+    monkeypatch.setenv("NKI_EXECUTOR", executor)
+    a, b = torch.randn(128, 16), torch.randn(128, 16)
+    out = torch.full((192, 16), 4.0, device="neuron")
+    assert add_out(a.to("neuron"), b.to("neuron"), out[:128]) is not None
+    assert_same(out[:128], a + b)
+    assert_same(out[128:], torch.full((64, 16), 4.0))
+    y, x = torch.randn(48, 32), torch.randn(32, 48)
+    yn = y.to("neuron")
+    axpy_(x.to("neuron"), yn.T)
+    assert_same(yn, (y.T + 3 * x).T)
+
+
 def test_in_place_without_return_and_mixed_result():
     x, y = torch.randn(64, 48), torch.randn(64, 48)
     yn = y.to("neuron")
