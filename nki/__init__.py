@@ -17,7 +17,7 @@ import os as _os
 
 from . import isa, language, typing  # noqa: F401
 from ._errors import NKIError
-from ._jit import Kernel, jit, simulate
+from ._jit import Kernel, argument_copies, jit, simulate
 
 __version__ = "0.6.0+torchneuronx"
 
@@ -25,4 +25,4 @@ __version__ = "0.6.0+torchneuronx"
 # names run the same interpreter, so the switch is accepted and has no effect.
 simulator_enabled = _os.environ.get("NKI_SIMULATOR", "0") == "1"
 
-__all__ = ["jit", "simulate", "Kernel", "NKIError", "isa", "language", "typing"]
+__all__ = ["jit", "simulate", "argument_copies", "Kernel", "NKIError", "isa", "language", "typing"]

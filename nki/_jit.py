@@ -3,10 +3,12 @@
 The framework comes from the argument types: torch tensors (on ``neuron``,
 or CPU — the CPU kernel of an nki_op), NumPy arrays, or FakeTensors (shape
 inference under torch.compile: the kernel is traced, not executed)."""
+import contextlib
 import functools
 import inspect
 import itertools
 import os
+import threading
 
 import numpy as np
 import torch
@@ -166,9 +168,30 @@ class Kernel:
         return _launch(self, args, kwargs)
 
 
+_observers = threading.local()
+
+
+@contextlib.contextmanager
+def observe_writes():
+    """Collects the tensors that kernel launches in this block write (known
+    from the trace, so FakeTensor launches report them too): nki_op checks
+    them against its ``mutates_args``."""
+    stack = _observers.__dict__.setdefault("stack", [])
+    written = []
+    stack.append(written)
+    try:
+        yield written
+    finally:
+        stack.pop()
+
+
 def _launch_impl(kernel, args, kwargs):
     bound = kernel._bind(args, kwargs)
     program, tensors, framework = kernel._specialise(bound)
+    stack = getattr(_observers, "stack", None)
+    if stack:
+        written = _written(program)
+        stack[-1].extend(t for n, t in tensors if n in written)
     if framework == "torch":
         return _run_torch(program, tensors)
     return _run_numpy(program, tensors)
@@ -181,18 +204,90 @@ _launch = torch.compiler.disable(
                          "a torch.compile graph (fullgraph=True)")
 
 
-def _rebuild(result, outs):
+def _rebuild(result, outs, callers):
+    """The kernel's result in the caller's objects: a returned argument is
+    the tensor (or array) the caller passed, an allocated output is new."""
     if isinstance(result, NkiTensor):
-        return outs[result.storage.id]
+        arg = result.storage.arg
+        return callers[arg] if arg is not None else outs[result.storage.id]
     if isinstance(result, (tuple, list)):
-        return type(result)(_rebuild(r, outs) for r in result)
+        return type(result)(_rebuild(r, outs, callers) for r in result)
     return None
 
 
-def _contiguous(name, t):
-    if not (t.is_contiguous() if isinstance(t, torch.Tensor) else t.flags.c_contiguous):
-        raise NKIError(f"nki.jit: argument '{name}' is not contiguous; kernels address HBM row-major "
-                       f"(pass .contiguous() and use its result)")
+# Strided arguments: HBM is addressed row-major, so a non-contiguous argument
+# runs on a contiguous copy, and a written one is copied back afterwards.
+# Counted for tests (argument_copies()): one copy each way.
+_copies = {"materialized": 0, "copied_back": 0}
+
+
+def argument_copies(reset=False):
+    """How many non-contiguous kernel arguments were copied to a contiguous
+    buffer (``materialized``) and how many written ones were copied back
+    (``copied_back``) since the last reset."""
+    counts = dict(_copies)
+    if reset:
+        _copies.update(materialized=0, copied_back=0)
+    return counts
+
+
+def _written(program):
+    cached = program.__dict__.get("_written")
+    if cached is None:
+        cached = program.__dict__["_written"] = frozenset(_trace.written_args(program))
+    return cached
+
+
+def _overlaps(shape, strides):
+    """Whether two elements of a strided view may share memory: sorted by
+    stride, each dim must step past the whole extent of the smaller ones."""
+    extent = 0
+    for stride, size in sorted((abs(st), n) for n, st in zip(shape, strides) if n > 1):
+        if stride <= extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def _row_major(items, program):
+    """``items`` (name, tensor or array) with each non-contiguous one
+    replaced by a contiguous copy; and the (caller's, copy) pairs of the
+    written ones, to copy back after the kernel."""
+    written = _written(program)
+    out, back = [], []
+    for name, t in items:
+        if isinstance(t, torch.Tensor):
+            if t.is_contiguous():
+                out.append((name, t))
+                continue
+            if name in written and _overlaps(t.shape, t.stride()):
+                raise NKIError(f"nki.jit: argument '{name}' is written by the kernel, but elements of it share "
+                               f"memory (an expanded view); pass a tensor that owns its elements")
+            c = t.contiguous()
+        else:
+            if t.flags.c_contiguous:
+                out.append((name, t))
+                continue
+            if name in written and t.flags.writeable and _overlaps(t.shape, [s // t.itemsize for s in t.strides]):
+                raise NKIError(f"nki.jit: argument '{name}' is written by the kernel, but elements of it share "
+                               f"memory (a broadcast view); pass an array that owns its elements")
+            c = np.ascontiguousarray(t)
+        _copies["materialized"] += 1
+        out.append((name, c))
+        if name in written:
+            back.append((name, t, c))
+    return out, back
+
+
+def _copy_back(back):
+    for _name, t, c in back:
+        if isinstance(t, torch.Tensor):
+            t.copy_(c)
+        elif t.flags.writeable:
+            t[...] = c
+        else:
+            continue
+        _copies["copied_back"] += 1
 
 
 def _run_torch(program, tensors):
@@ -202,19 +297,20 @@ def _run_torch(program, tensors):
     device = devices.pop() if devices else torch.device("cpu")
     fake = any(_is_fake(t) for _n, t in tensors)
     outs = {st.id: torch.empty(st.shape, dtype=st.dtype, device=device) for st in _output_storages(program)}
-    result = _rebuild(program.result, outs)
+    result = _rebuild(program.result, outs, dict(tensors))
     if fake:  # shape inference: the trace gave shapes and dtypes
         return result
-    for name, t in tensors:
-        _contiguous(name, t)
+    if device.type not in ("cpu", "neuron"):
+        raise NKIError(f"nki.jit: torch tensors must be on 'neuron' (or 'cpu'), got '{device.type}'")
+    tensors, back = _row_major(tensors, program)  # on neuron: copies on the current stream
     if device.type == "cpu":
         _execute(program, _bind_storages(program, {n: t for n, t in tensors}, outs), outs)
+        _copy_back(back)
         return result
-    if device.type != "neuron":
-        raise NKIError(f"nki.jit: torch tensors must be on 'neuron' (or 'cpu'), got '{device.type}'")
     native = _native.plan(program, _precise())
     if native is not None:  # one runtime launch on the current stream, over device memory
         native.run(_bind_storages(program, {n: t for n, t in tensors}, outs))
+        _copy_back(back)
         return result
     from torch_neuronx import _C
     index = device.index if device.index is not None else torch.neuron.current_device()
@@ -225,22 +321,28 @@ def _run_torch(program, tensors):
     def kernel():
         _execute(program, bound, host_outs)
     _C._launch(index, kernel)
+    _copy_back(back)
     return result
 
 
 def _run_numpy(program, arrays):
-    for name, a in arrays:
-        _contiguous(name, a)
+    callers = dict(arrays)
+    arrays, back = _row_major(arrays, program)
+    for name, t, c in back:
+        if not t.flags.writeable:
+            callers[name] = c  # a read-only view cannot take the result: its copy is what comes back
     args = {}
     for name, a in arrays:
         if not a.flags.writeable:
-            a = a.copy()  # its writes could not be seen by the caller anyway
+            a = a.copy()  # the caller cannot see writes into it: the copy is what a returned argument gives
+            callers[name] = a
         args[name] = torch.from_numpy(a) if a.ndim else torch.from_numpy(a.reshape(1)).reshape(())
     outs = {st.id: torch.empty(st.shape, dtype=st.dtype) for st in _output_storages(program)}
     for st in _output_storages(program):
         _dtypes.to_numpy(st.dtype)
     _execute(program, _bind_storages(program, args, outs), outs)
-    return _rebuild(program.result, {sid: t.numpy() for sid, t in outs.items()})
+    _copy_back(back)
+    return _rebuild(program.result, {sid: t.numpy() for sid, t in outs.items()}, callers)
 
 
 def _output_storages(program):

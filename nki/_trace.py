@@ -43,12 +43,15 @@ class Program:
                 self.release[i].append(sid)
 
     def outputs(self):
-        """Storages the kernel returns, in the order of its result structure."""
+        """The tensors the kernel allocated (shared_hbm) and returns, in the
+        order of its result structure. Returned arguments are not outputs:
+        the caller's tensor comes back."""
         out = []
 
         def walk(r):
             if isinstance(r, NkiTensor):
-                out.append(r)
+                if r.storage.arg is None:
+                    out.append(r)
             elif isinstance(r, (tuple, list)):
                 for x in r:
                     walk(x)
@@ -114,25 +117,47 @@ class tracing:
         _state.tracer = self.prev
 
 
+def written_args(program):
+    """Names of the HBM arguments the kernel may write: the destination
+    (first tensor) of every instruction; every argument a device loop
+    touches (its body is not looked into)."""
+    names = set()
+    for ins in program.instrs:
+        touched = ins.tensors if ins.name == "nki.language.while_loop" else ins.tensors[:1]
+        names.update(t.storage.arg for t in touched if t.storage.arg is not None)
+    return names
+
+
 def record(name, run, *tensors, ir=None):
     current(name).record(name, run, tensors, ir)
 
 
 def check_returned(result):
-    """Kernel outputs are new ``shared_hbm`` tensors: other buffers do not
-    outlive the kernel."""
+    """A kernel returns what outlives it: tensors it allocated with
+    ``buffer=nl.shared_hbm`` and its HBM arguments (the NKI beta-2 style
+    writes an output argument and returns it). On-chip tiles and private
+    HBM are gone when the kernel ends."""
     def walk(r):
         if isinstance(r, NkiTensor):
-            if r.storage.buffer is not shared_hbm or r.storage.arg is not None:
-                what = "a kernel argument" if r.storage.arg is not None else f"a {r.storage.buffer.name} tensor"
-                raise NKIError(f"nki.jit: the kernel returns {what}; returned tensors must be allocated with "
-                               f"buffer=nl.shared_hbm (other buffers do not outlive the kernel)")
-            if (r.shape, r.offset) != (r.storage.shape, 0) or not r.is_contiguous():
+            st = r.storage
+            whole = (r.shape, r.offset) == (st.shape, 0) and r.is_contiguous()
+            if st.arg is not None:
+                if not whole:
+                    raise NKIError(f"nki.jit: the kernel returns a view of argument '{st.arg}'; return the whole "
+                                   f"argument (the caller's tensor is what comes back)")
+                return
+            if st.buffer is not shared_hbm:
+                hint = ("copy it out through SBUF (nisa.tensor_copy, then nisa.dma_copy)"
+                        if st.buffer.name == "psum" else "copy it out with nisa.dma_copy")
+                raise NKIError(f"nki.jit: the kernel returns a {st.buffer.name} tensor; returned tensors must be "
+                               f"allocated with buffer=nl.shared_hbm or be HBM arguments ({st.buffer.name} "
+                               f"tensors do not outlive the kernel): {hint} and return that")
+            if not whole:
                 raise NKIError("nki.jit: the kernel returns a view; return the whole shared_hbm tensor")
         elif isinstance(r, (tuple, list)):
             for x in r:
                 walk(x)
         elif r is not None:
-            raise NKIError(f"nki.jit: kernels return shared_hbm tensors (or tuples of them), not {type(r).__name__}")
+            raise NKIError(f"nki.jit: kernels return shared_hbm tensors or their HBM arguments (or tuples of them), "
+                           f"not {type(r).__name__}")
     walk(result)
-
