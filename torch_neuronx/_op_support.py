@@ -44,6 +44,19 @@ def aten_overloads() -> list:
     return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::"))
 
 
+def kernel_sources() -> dict:
+    """Where each neuron kernel is registered: {"add.Tensor": "csrc/aten/DirectKernels.cpp", ...},
+    read from the dispatcher (the registration's source file)."""
+    sources = {}
+    for name in aten_overloads():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+            continue
+        match = re.search(r"^PrivateUse1: registered at (\S+?):\d+", torch._C._dispatch_dump(name), re.M)
+        path = match.group(1) if match else "?"
+        sources[name[len("aten::"):]] = path[path.find("csrc/"):] if "csrc/" in path else path
+    return sources
+
+
 def neuron_kernels() -> list:
     """ATen overloads with a neuron kernel, spelled "add.Tensor" / "mm"."""
     return [n[len("aten::"):] for n in aten_overloads() if route(n) == KERNEL]
