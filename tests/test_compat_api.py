@@ -129,7 +129,7 @@ def test_utils_queries():
     u = torch_neuronx.utils
     assert u.use_mlir_aten_ops() is False and u.is_stablehlo_enabled() is False
     assert u.is_sync_mode_enabled() == (os.environ.get("NEURON_RT_LAUNCH_BLOCKING") == "1")
-    assert u.get_platform_target() in ("trn1", "trn2", "trn3")
+    assert u.get_platform_target() == "trn2"  # NeuronCore-v3, the default device model
     assert u.get_logical_neuron_cores() == "1"
     ops = u.get_neuron_registered_ops()
     assert {"add", "mm", "relu", "convolution_overrideable"} <= ops and "channel_shuffle" not in ops
@@ -249,6 +249,16 @@ def test_disable_fallback_execution(env, options, falls_back):
         assert out["y"] == out["eager"], out
     else:
         assert "no_such_inductor_option" in out["error"], out
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+def test_platform_target_follows_the_runtime(target):
+    out = run_json("""
+        import json, torch, torch_neuronx
+        print(json.dumps([torch_neuronx.utils.get_platform_target(), torch.neuron.get_device_name(0)]))
+    """, env={"NEURON_RT_TARGET": target})
+    generation = {"trn1": "NeuronCore-v2", "trn2": "NeuronCore-v3", "trn3": "NeuronCore-v4"}[target]
+    assert out[0] == target and out[1].startswith(generation), out
 
 
 def test_debug_dir_and_neff_cache_dir(tmp_path):

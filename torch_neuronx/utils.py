@@ -5,7 +5,6 @@ Each query reports this backend's real configuration; where the product has a
 compiler path we do not (MLIR ATen ops, StableHLO, NEFFs), it says so.
 """
 import contextlib
-import re
 import warnings
 
 import torch
@@ -42,11 +41,15 @@ def is_neff_cache_disabled() -> bool:
     return _env.neff_cache_disabled()
 
 
+# NeuronCore generation -> the Trainium that carries it (NEURON_RT_TARGET's names).
+_TARGETS = {2: "trn1", 3: "trn2", 4: "trn3"}
+
+
 def get_platform_target() -> str:
-    """The Trainium generation the device models: ``trn1``, ``trn2`` or ``trn3``."""
-    name = torch.neuron.get_device_name(0) if torch.neuron.device_count() else ""
-    match = re.search(r"trn\d", name.lower())
-    return match.group(0) if match else "trn2"
+    """The Trainium generation the device models: ``trn1``, ``trn2`` or ``trn3``
+    (``NEURON_RT_TARGET``; without it the NeuronCore-v3 default, trn2's core)."""
+    major = torch.neuron.get_device_properties(0).major if torch.neuron.device_count() else 3
+    return _TARGETS.get(major, "trn2")
 
 
 def get_logical_neuron_cores() -> str:
