@@ -1,9 +1,11 @@
 #include "OpTracking.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <iterator>
 #include <mutex>
 #include <set>
-#include <unordered_set>
 
 namespace at::neuron {
 namespace {
@@ -14,21 +16,28 @@ std::map<std::string, int64_t> g_fallback;
 // Bumped by clear_executed_ops: threads drop their cache of noted names.
 std::atomic<uint64_t> g_epoch{0};
 
-struct NotedNames {
-  uint64_t epoch = 0;
-  std::unordered_set<const char*> names;
-};
-thread_local NotedNames t_noted;
+// Each thread caches the names it has noted since the last clear in a small
+// direct-mapped table, so that noting an op again costs a load and a compare
+// on the op path (a collision only costs another insertion under the lock).
+constexpr int kSlots = 256;
+thread_local const char* t_slots[kSlots];
+thread_local uint64_t t_epoch = 0;
+
+int slot_of(const char* name) {
+  return static_cast<int>((reinterpret_cast<uintptr_t>(name) * 0x9E3779B97F4A7C15ULL) >> 56);
+}
 
 }  // namespace
 
 void note_executed(const char* name) {
-  const uint64_t epoch = g_epoch.load(std::memory_order_acquire);
-  if (t_noted.epoch != epoch) {
-    t_noted.names.clear();
-    t_noted.epoch = epoch;
+  const uint64_t epoch = g_epoch.load(std::memory_order_relaxed);
+  const int slot = slot_of(name);
+  if (t_epoch == epoch && t_slots[slot] == name) return;
+  if (t_epoch != epoch) {
+    std::fill(std::begin(t_slots), std::end(t_slots), nullptr);
+    t_epoch = epoch;
   }
-  if (!t_noted.names.insert(name).second) return;
+  t_slots[slot] = name;
   std::lock_guard<std::mutex> lock(g_mutex);
   g_executed.emplace(name);
 }

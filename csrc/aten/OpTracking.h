@@ -15,7 +15,7 @@ namespace at::neuron {
 
 // Notes that a neuron kernel of op `name` ("aten::add") ran. `name` must have
 // static storage (a schema's name, an at::_ops::*::name): after a thread's
-// first call per op and clear, a call is a thread-local lookup, no lock.
+// first call per op and clear, a call is a thread-local load and compare.
 void note_executed(const char* name);
 
 // Counts a call of `op` that reached the host fallback; true for the first
