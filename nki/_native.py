@@ -177,9 +177,11 @@ def _lower_matmul(low, a):
     add = a["accumulate"]
     if add is None:
         # The first write to a PSUM element since its allocation overwrites,
-        # later ones add: decided here, per instruction, from the trace.
-        written = low.psum.get(dst.storage.id)
-        hit = written[_elements(dst)] if written is not None else np.zeros(1, bool)
+        # later ones add: decided here, per instruction, from the trace (on
+        # the PSUM tile itself, which DMA elision may have mapped onto HBM).
+        odst = low.orig[1]["dst"]
+        written = low.psum.get(odst.storage.id)
+        hit = written[_elements(odst)] if written is not None else np.zeros(1, bool)
         if hit.all() != hit.any():
             raise Unsupported("a matmul into a partly written PSUM tile")
         add = bool(hit.all())
@@ -457,8 +459,9 @@ class NativeProgram:
             ir = _mapped(ins.ir, subst)
             d = ir[1]["dst"].storage.id
             dead = d not in bound and last[d] == i
+            low.orig = ins.ir
             _lower_instr(low, ins, ir, dead)
-            for v in low.access[-1][0]:
+            for v in _writes(ins.ir):
                 if v.storage.buffer.name == "psum":
                     m = low.psum.setdefault(v.storage.id, np.zeros(v.storage.numel, bool))
                     m[_elements(v)] = True
