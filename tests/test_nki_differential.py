@@ -502,27 +502,25 @@ INTERPRETER = {
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
     "nl.shared_identity_matrix": "not lowered",
     "nl.softmax": "torch.softmax's fused kernel (its own exp and sum order)",
-    "nl.rms_norm": "not lowered",
-    "nl.mean": "not lowered", "nl.var": "not lowered", "nl.prod": "not lowered", "nl.all": "not lowered",
-    "nl.sum": "not lowered", "nl.max": "not lowered", "nl.min": "not lowered",
-    "nl.where": "not lowered", "nl.broadcast_to": "not lowered", "nl.copy": "not lowered",
-    "nl.full": "not lowered", "nl.zeros": "not lowered", "nl.ones": "not lowered", "nl.zeros_like": "not lowered",
-    "nl.ones_like": "not lowered", "nl.full_like": "not lowered",
-    "nl.store": "assignment (nl.copy) is not lowered",
+    "nl.rms_norm": "a composite (square, sum, rsqrt, products) in one torch expression, not lowered",
+    "nl.mean": "torch's mean (a sum, then a division in fp32) needs an fp32 temporary: not lowered",
+    "nl.var": "torch's two-pass variance: not lowered",
+    "nl.prod": "product reductions are not lowered",
+    "nl.all": "not lowered",
+    "nl.where": "no select in the executor's ALU",
 }
-for _op in BINARY + UNARY:
-    INTERPRETER[f"nl.{_op}"] = "nl elementwise ops are not lowered"
+for _op in BITVEC:
+    INTERPRETER[f"nl.{_op}"] = "bitvector ops compute in int64 on the interpreter"
 for _op in BITVEC:
     for _i in ("tensor_tensor", "tensor_scalar"):
         INTERPRETER[f"nisa.{_i}[{_op}]"] = "bitvector ops compute in int64 on the interpreter"
     if _op in REDUCING:
         INTERPRETER[f"nisa.tensor_reduce[{_op}]"] = "bitvector reductions compute in int64 on the interpreter"
-for _op in ("power", "fmod", "logical_and", "logical_or", "logical_xor"):
+for _op in ("power",):
+    INTERPRETER[f"nl.{_op}"] = "torch's pow (Sleef's powf and its special exponents) is not lowered"
     for _i in ("tensor_tensor", "tensor_scalar", "scalar_tensor_tensor"):
-        INTERPRETER[f"nisa.{_i}[{_op}]"] = f"no ALU function for nl.{_op} in the executor"
+        INTERPRETER[f"nisa.{_i}[{_op}]"] = "torch's pow (Sleef's powf and its special exponents) is not lowered"
 INTERPRETER["nisa.tensor_reduce[multiply]"] = "product reductions are not lowered"
-for _fn in ("sign", "logical_not"):
-    INTERPRETER[f"nisa.activation[{_fn}]"] = f"no activation function for nl.{_fn} in the executor"
 
 NATIVE = set(UNITS) - set(INTERPRETER)
 
