@@ -42,16 +42,17 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e
            torch.int32: 5, torch.int16: 6, torch.int8: 7, torch.uint8: 8, torch.uint16: 9}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
-                                      "not_equal", "greater", "greater_equal", "less", "less_equal"])}
+                                      "not_equal", "greater", "greater_equal", "less", "less_equal", "fmod",
+                                      "logical_and", "logical_or", "logical_xor"])}
 # Activation functions (csrc/runtime/nki/Program.h). EXACT_FN are bit-identical
 # to the interpreter; the others use libm (sqrt: correctly rounded, which torch's
 # vectorised sqrt is not always) and agree within a few ulp (docs/nki.md).
 _FN_NAMES = ["copy", "square", "relu", "rsqrt", "sqrt", "reciprocal", "abs", "negative", "ceil", "floor", "trunc",
              "exp", "log", "tanh", "sigmoid", "silu", "gelu", "gelu_apprx_tanh", "softplus", "mish", "erf", "sin",
-             "cos", "tan", "arctan"]
+             "cos", "tan", "arctan", "sign", "logical_not"]
 _FN = {n: i for i, n in enumerate(_FN_NAMES)}
 _FN["identity"] = 0
-EXACT_FN = (set(_FN_NAMES[:11]) | {"identity"}) - {"sqrt"}
+EXACT_FN = (set(_FN_NAMES[:11]) | {"identity", "sign", "logical_not"}) - {"sqrt"}
 _CMD = {"idle": 0, "reduce": 2, "reset_reduce": 3, "reset": 4}
 _ENGINE = {"vector": 0, "scalar": 1}
 _ALIGN = 64
