@@ -54,11 +54,12 @@ class Env:
         x = self.view(v)
         return x.to(torch.int64)
 
-    def scalar(self, s, ndim):
+    def scalar(self, s, ndim, ints=False):
         """A per-partition operand: a Python number, or a [P, 1] tile that
-        broadcasts along the free dims of an ``ndim``-D tile."""
+        broadcasts along the free dims of an ``ndim``-D tile (its integers
+        for a bitvector op)."""
         if hasattr(s, "storage"):
-            x = self.f32(s)
+            x = self.ints(s) if ints else self.f32(s)
             return x.reshape((x.shape[0],) + (1,) * (ndim - 1))
         return float(s)
 

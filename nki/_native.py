@@ -42,16 +42,17 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e
            torch.int32: 5, torch.int16: 6, torch.int8: 7, torch.uint8: 8, torch.uint16: 9}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
-                                      "not_equal", "greater", "greater_equal", "less", "less_equal"])}
+                                      "not_equal", "greater", "greater_equal", "less", "less_equal", "fmod",
+                                      "logical_and", "logical_or", "logical_xor"])}
 # Activation functions (csrc/runtime/nki/Program.h). EXACT_FN are bit-identical
 # to the interpreter; the others use libm (sqrt: correctly rounded, which torch's
 # vectorised sqrt is not always) and agree within a few ulp (docs/nki.md).
 _FN_NAMES = ["copy", "square", "relu", "rsqrt", "sqrt", "reciprocal", "abs", "negative", "ceil", "floor", "trunc",
              "exp", "log", "tanh", "sigmoid", "silu", "gelu", "gelu_apprx_tanh", "softplus", "mish", "erf", "sin",
-             "cos", "tan", "arctan"]
+             "cos", "tan", "arctan", "sign", "logical_not"]
 _FN = {n: i for i, n in enumerate(_FN_NAMES)}
 _FN["identity"] = 0
-EXACT_FN = (set(_FN_NAMES[:11]) | {"identity"}) - {"sqrt"}
+EXACT_FN = (set(_FN_NAMES[:11]) | {"identity", "sign", "logical_not"}) - {"sqrt"}
 _CMD = {"idle": 0, "reduce": 2, "reset_reduce": 3, "reset": 4}
 _ENGINE = {"vector": 0, "scalar": 1}
 _ALIGN = 64
@@ -177,9 +178,11 @@ def _lower_matmul(low, a):
     add = a["accumulate"]
     if add is None:
         # The first write to a PSUM element since its allocation overwrites,
-        # later ones add: decided here, per instruction, from the trace.
-        written = low.psum.get(dst.storage.id)
-        hit = written[_elements(dst)] if written is not None else np.zeros(1, bool)
+        # later ones add: decided here, per instruction, from the trace (on
+        # the PSUM tile itself, which DMA elision may have mapped onto HBM).
+        odst = low.orig[1]["dst"]
+        written = low.psum.get(odst.storage.id)
+        hit = written[_elements(odst)] if written is not None else np.zeros(1, bool)
         if hit.all() != hit.any():
             raise Unsupported("a matmul into a partly written PSUM tile")
         add = bool(hit.all())
@@ -457,8 +460,9 @@ class NativeProgram:
             ir = _mapped(ins.ir, subst)
             d = ir[1]["dst"].storage.id
             dead = d not in bound and last[d] == i
+            low.orig = ins.ir
             _lower_instr(low, ins, ir, dead)
-            for v in low.access[-1][0]:
+            for v in _writes(ins.ir):
                 if v.storage.buffer.name == "psum":
                     m = low.psum.setdefault(v.storage.id, np.zeros(v.storage.numel, bool))
                     m[_elements(v)] = True

@@ -252,9 +252,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     def run(env):
         ints = i0.kind == "bitvec"
         x = env.ints(data) if ints else env.f32(data)
-        r = _apply(i0, x, env.scalar(operand0, x.ndim), reverse0)
+        r = _apply(i0, x, env.scalar(operand0, x.ndim, ints), reverse0)
         if i1 is not None:
-            r = _apply(i1, r, env.scalar(operand1, x.ndim), reverse1)
+            r = _apply(i1, r, env.scalar(operand1, x.ndim, ints), reverse1)
         env.write(dst, r.reshape(dst.shape))
     ir = None if i0.kind == "bitvec" else ("tensor_scalar", {
         "dst": dst, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0, "op1": i1,

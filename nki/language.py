@@ -100,7 +100,7 @@ def shared_identity_matrix(n, dtype=bfloat16, **kw):
 def _memset(t, value, instr):
     if not isinstance(value, (int, float, bool)):
         fail(instr, "value", f"expected a number, got {type(value).__name__}")
-    _trace.record(instr, lambda env: env.view(t).fill_(value), t)
+    _trace.record(instr, lambda env: env.view(t).fill_(value), t, ir=("memset", {"dst": t, "value": value}))
 
 
 # -- helpers ---------------------------------------------------------------
@@ -141,6 +141,53 @@ def _broadcast_shape(instr, ts):
         fail(instr, "x1", f"shapes {[list(t.shape) for t in ts]} do not broadcast")
 
 
+def _expanded(t, shape):
+    """``t`` as the interpreter broadcasts it to ``shape`` (trailing dims
+    added, size-1 dims repeated): a view with zero strides."""
+    nd = len(shape)
+    tshape = tuple(t.shape) + (1,) * (nd - t.ndim)
+    tstrides = tuple(t.strides) + (0,) * (nd - t.ndim)
+    if tshape == tuple(shape) and nd == t.ndim:
+        return t
+    strides = tuple(0 if n != s else st for n, s, st in zip(tshape, shape, tstrides))
+    return NkiTensor(t.storage, tuple(shape), strides, t.offset, _check=False)
+
+
+def _per_partition(t, shape):
+    """``t`` as a [P, 1] per-partition operand of a ``shape`` tile, or None."""
+    tshape = tuple(t.shape) + (1,) * (len(shape) - t.ndim)
+    if len(shape) < 2 or tshape[0] != shape[0] or builtins.any(n != 1 for n in tshape[1:]):
+        return None
+    return NkiTensor(t.storage, (shape[0], 1), (t.strides[0] if t.ndim else 0, 0), t.offset, _check=False)
+
+
+def _elementwise_ir(impl, args, out, shape):
+    """The engine instruction an elementwise op amounts to, for the native
+    executor (nki/_native.py): an activation (unary ops), a tensor_scalar (a
+    number or a [P, 1] operand) or a tensor_tensor. Bitvector ops have none."""
+    if impl.kind == "bitvec":
+        return None
+    if impl.arity == 1:
+        return ("activation", {"dst": out, "op": impl, "data": _expanded(args[0], shape), "bias": None,
+                               "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None,
+                               "engine": "scalar"})
+    a, b = args
+
+    def scalar(data, operand, reverse):
+        return ("tensor_scalar", {"dst": out, "data": _expanded(data, shape), "op0": impl, "operand0": operand,
+                                  "reverse0": reverse, "op1": None, "operand1": None, "reverse1": False})
+    if not isinstance(b, NkiTensor):
+        return scalar(a, b, False)
+    if not isinstance(a, NkiTensor):
+        return scalar(b, a, True)
+    pa, pb = _per_partition(a, shape), _per_partition(b, shape)
+    if pb is not None and pa is None:
+        return scalar(a, pb, False)
+    if pa is not None and pb is None:
+        return scalar(b, pa, True)
+    return ("tensor_tensor", {"dst": out, "data": _expanded(a, shape), "data2": _expanded(b, shape), "op": impl})
+
+
 def _elementwise(impl, args, dtype):
     instr = f"nki.language.{impl.name}"
     ts = _tensors(*args)
@@ -157,7 +204,7 @@ def _elementwise(impl, args, dtype):
 
     def run(env):
         env.write(out, impl.compute(*[_value(env, a, impl, len(shape)) for a in args]).expand(shape))
-    _trace.record(instr, run, out, *ts)
+    _trace.record(instr, run, out, *ts, ir=_elementwise_ir(impl, args, out, shape))
     return out
 
 
@@ -172,7 +219,9 @@ def _assign(dst, value):
             torch.broadcast_shapes(value.shape, dst.shape)
         except RuntimeError:
             fail("nki.language.copy", "value", f"shape {list(value.shape)} does not fit {list(dst.shape)}")
-        _trace.record("nki.language.copy", run, dst, value)
+        # (expand aligns trailing dims: natively only a value of dst's rank)
+        ir = ("copy", {"dst": dst, "src": _expanded(value, dst.shape)}) if value.ndim == dst.ndim else None
+        _trace.record("nki.language.copy", run, dst, value, ir=ir)
     else:
         _memset(dst, value, "nki.language.copy")
 
@@ -208,7 +257,7 @@ def copy(x, dtype=None, **kw):
     instr = "nki.language.copy"
     _checks.tile(instr, "x", x)
     out = _result(x.shape, dtype or x.dtype)
-    _trace.record(instr, lambda env: env.write(out, env.view(x)), out, x)
+    _trace.record(instr, lambda env: env.write(out, env.view(x)), out, x, ir=("copy", {"dst": out, "src": x}))
     return out
 
 
@@ -244,8 +293,15 @@ def _reduction(name, x, axis, dtype, keepdims, fn):
 
     def run(env):
         env.write(out, fn(env.f32(x), axes, keepdims).reshape(out.shape))
-    _trace.record(instr, run, out, x)
+    # Natively a tensor_reduce (the same torch reduction) over trailing free axes.
+    ir = None
+    if name in _REDUCE_OPS and sorted(axes) == list(builtins.range(x.ndim - len(axes), x.ndim)) and 0 not in axes:
+        ir = ("tensor_reduce", {"dst": out, "data": x, "op": OPS[_REDUCE_OPS[name]], "axes": axes, "negate": False})
+    _trace.record(instr, run, out, x, ir=ir)
     return out
+
+
+_REDUCE_OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
 
 
 def sum(x, axis, dtype=None, keepdims=False, **kw):
@@ -360,7 +416,8 @@ def broadcast_to(x, shape, **kw):
     _checks.tile(instr, "x", x)
     shape = tuple(shape)
     out = _result(shape, x.dtype)
-    _trace.record(instr, lambda env: env.write(out, env.view(x).expand(shape)), out, x)
+    ir = ("copy", {"dst": out, "src": _expanded(x, shape)}) if x.ndim == len(shape) else None
+    _trace.record(instr, lambda env: env.write(out, env.view(x).expand(shape)), out, x, ir=ir)
     return out
 
 

@@ -54,7 +54,9 @@ enum Opcode : int64_t {
 
 enum Alu : int64_t {
   A_ADD = 0, A_SUB, A_MUL, A_DIV, A_MAX, A_MIN,
-  A_EQ, A_NE, A_GT, A_GE, A_LT, A_LE, kNumAlu
+  A_EQ, A_NE, A_GT, A_GE, A_LT, A_LE,
+  A_FMOD, A_LAND, A_LOR, A_LXOR,  // fmod is exact; the logical ops give 1.0/0.0 (nonzero, NaN included, is true)
+  kNumAlu
 };
 
 enum Fn : int64_t {
@@ -62,7 +64,9 @@ enum Fn : int64_t {
   F_COPY = 0, F_SQUARE, F_RELU, F_RSQRT, F_SQRT, F_RECIP, F_ABS, F_NEG, F_CEIL, F_FLOOR, F_TRUNC,
   // Transcendental: within a few ulp of torch (docs/nki.md).
   F_EXP, F_LOG, F_TANH, F_SIGMOID, F_SILU, F_GELU, F_GELU_TANH, F_SOFTPLUS, F_MISH, F_ERF, F_SIN, F_COS, F_TAN,
-  F_ARCTAN, kNumFn
+  F_ARCTAN,
+  // Exact: sign (+0 for zeros and NaN, as torch), logical_not (1.0 for zeros).
+  F_SIGN, F_LNOT, kNumFn
 };
 
 // Header words shared by every record (the rest depend on the opcode).
