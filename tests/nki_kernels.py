@@ -267,21 +267,23 @@ def avgpool_bias_relu(x, b):
 def silu_mul(gate, up):
     """SwiGLU's gating, silu(gate) * up, for [rows, F] inputs, 128 rows per
     tile (the last may be partial): silu on the Scalar Engine into an fp32
-    tile, then one tensor_tensor multiply that rounds to the output dtype."""
+    tile, then one tensor_tensor multiply that rounds to the output dtype.
+    Tiles are allocated with the rows the step has (not 128 and a [:p]
+    view), so the native executor never NaN-fills a partly written tile."""
     rows, F = gate.shape
     assert up.shape == gate.shape
     out = nl.ndarray((rows, F), dtype=gate.dtype, buffer=nl.shared_hbm)
     for i in nl.affine_range((rows + 127) // 128):
         p = min(128, rows - i * 128)
-        g = nl.ndarray((128, F), dtype=gate.dtype, buffer=nl.sbuf)
-        u = nl.ndarray((128, F), dtype=up.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=g[:p], src=gate[i * 128:i * 128 + p])
-        nisa.dma_copy(dst=u[:p], src=up[i * 128:i * 128 + p])
-        s = nl.ndarray((128, F), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=s[:p], op=nl.silu, data=g[:p])
-        y = nl.ndarray((128, F), dtype=gate.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=y[:p], data1=s[:p], data2=u[:p], op=nl.multiply)
-        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y[:p])
+        g = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
+        u = nl.ndarray((p, F), dtype=up.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=g, src=gate[i * 128:i * 128 + p])
+        nisa.dma_copy(dst=u, src=up[i * 128:i * 128 + p])
+        s = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=s, op=nl.silu, data=g)
+        y = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=y, data1=s, data2=u, op=nl.multiply)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
     return out
 
 
@@ -295,19 +297,19 @@ def softmax_fused(x):
     out = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.shared_hbm)
     for i in nl.affine_range((rows + 127) // 128):
         p = min(128, rows - i * 128)
-        t = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[:p], src=x[i * 128:i * 128 + p])
-        neg_max = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=neg_max[:p], op=nl.maximum, data=t[:p], axis=1, keepdims=True, negate=True)
-        e = nl.ndarray((128, F), dtype=nl.float32, buffer=nl.sbuf)
-        total = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e[:p], op=nl.exp, data=t[:p], bias=neg_max[:p], reduce_op=nl.add,
-                        reduce_res=total[:p], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        inv = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv[:p], data=total[:p])
-        y = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=y[:p], data=e[:p], op0=nl.multiply, operand0=inv[:p])
-        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y[:p])
+        t = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i * 128:i * 128 + p])
+        neg_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=t, axis=1, keepdims=True, negate=True)
+        e = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
+        total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=t, bias=neg_max, reduce_op=nl.add,
+                        reduce_res=total, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        inv = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv, data=total)
+        y = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=e, op0=nl.multiply, operand0=inv)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
     return out
 
 
@@ -337,29 +339,29 @@ def attention_head(q, k, v, scale):
         vt.append(vj)
     for i in nl.affine_range((Sq + 127) // 128):
         p = min(128, Sq - i * 128)
-        qT = nl.ndarray((d, 128), dtype=q.dtype, buffer=nl.sbuf)
-        nisa.dma_transpose(dst=qT[:, :p], src=q[i * 128:i * 128 + p])
-        s = nl.ndarray((128, Sk), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=s[:p], stationary=qT[:, :p], moving=kT)
-        neg_max = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=neg_max[:p], op=nl.maximum, data=s[:p], axis=1, keepdims=True, negate=True)
-        nisa.tensor_scalar(dst=neg_max[:p], data=neg_max[:p], op0=nl.multiply, operand0=scale)
-        e = nl.ndarray((128, Sk), dtype=pdt, buffer=nl.sbuf)
-        total = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e[:p], op=nl.exp, data=s[:p], bias=neg_max[:p], scale=scale, reduce_op=nl.add,
-                        reduce_res=total[:p], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        o = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.psum)
+        qT = nl.ndarray((d, p), dtype=q.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=qT, src=q[i * 128:i * 128 + p])
+        s = nl.ndarray((p, Sk), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=s, stationary=qT, moving=kT)
+        neg_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=s, axis=1, keepdims=True, negate=True)
+        nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.multiply, operand0=scale)
+        e = nl.ndarray((p, Sk), dtype=pdt, buffer=nl.sbuf)
+        total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=s, bias=neg_max, scale=scale, reduce_op=nl.add,
+                        reduce_res=total, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        o = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.psum)
         for j in nl.static_range(Sk // 128):
-            eT_psum = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_transpose(dst=eT_psum[:, :p], data=e[:p, j * 128:(j + 1) * 128])
-            eT = nl.ndarray((128, 128), dtype=pdt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=eT[:, :p], src=eT_psum[:, :p])
-            nisa.nc_matmul(dst=o[:p], stationary=eT[:, :p], moving=vt[j])
-        inv = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv[:p], data=total[:p])
-        y = nl.ndarray((128, d), dtype=q.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=y[:p], data=o[:p], op0=nl.multiply, operand0=inv[:p])
-        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y[:p])
+            eT_psum = nl.ndarray((128, p), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_transpose(dst=eT_psum, data=e[:, j * 128:(j + 1) * 128])
+            eT = nl.ndarray((128, p), dtype=pdt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=eT, src=eT_psum)
+            nisa.nc_matmul(dst=o, stationary=eT, moving=vt[j])
+        inv = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv, data=total)
+        y = nl.ndarray((p, d), dtype=q.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=o, op0=nl.multiply, operand0=inv)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
     return out
 
 
