@@ -1,30 +1,41 @@
 #!/usr/bin/env python3
 """NKI kernels against the eager ATen chain and ``torch.compile`` of the same PyTorch code.
 
-Two fused kernels, from ``tests/nki_kernels.py``, on ``neuron`` tensors:
+Five fused kernels, from ``tests/nki_kernels.py``, on ``neuron`` tensors (the PyTorch code
+of the new ones is there too, ``*_ref``):
 
-* ``rmsnorm``  -- ``rmsnorm_wide``: RMSNorm of [tokens, hidden] with a [1, hidden] weight.
+* ``rmsnorm``   -- ``rmsnorm_wide``: RMSNorm of [tokens, hidden] with a [1, hidden] weight.
   PyTorch code: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w``.
-* ``pool``     -- ``avgpool_bias_relu``: ``relu(avg_pool2d(x, 2) + b)`` on NCHW (a conv
+* ``silu_mul``  -- ``silu_mul``: SwiGLU's gating of [tokens, hidden]. PyTorch code:
+  ``F.silu(gate) * up``.
+* ``softmax``   -- ``softmax_fused``: numerically stable row softmax of [tokens, hidden].
+  PyTorch code: ``e = (x - x.amax(-1, keepdim=True)).exp(); e / e.sum(-1, keepdim=True)``
+  (the op chain; ``torch.softmax`` is one fused ATen kernel, not a chain).
+* ``attention`` -- ``attention_head``: one head, ``softmax(scale * q @ k.T) @ v`` with the
+  softmax above, q/k/v [seq, 64]; ``--seqs`` lists the sequence lengths (128: one tile).
+* ``pool``      -- ``avgpool_bias_relu``: ``relu(avg_pool2d(x, 2) + b)`` on NCHW (a conv
   epilogue fused with the pool). PyTorch code: ``F.relu(F.avg_pool2d(x, 2) + b.view(1, C, 1, 1))``.
 
 Variants, timed in alternating rounds in one process (ratios from one run):
 
 * ``eager``     -- the PyTorch code, op by op on ``neuron``
 * ``compiled``  -- ``torch.compile(code, backend="neuron")``
-* ``nki``       -- the kernel on the native executor (csrc/runtime/nki, lowered by nki/_native.py)
+* ``nki``       -- the kernel on the native executor (csrc/runtime/nki, lowered by nki/_native.py;
+  ``NKI_EXECUTOR=native``, so a kernel the executor does not cover is an error, not a fallback)
 * ``interp``    -- the kernel on the Python interpreter (``NKI_EXECUTOR=interpreter``),
   the executor before the native one; fewer samples (``--interp-samples``, 0 skips it)
 
-Goals (issue 12 §2): nki at least 1.5x faster than eager (``eager/nki >= 1.5``) and at least
-as fast as compiled (``compiled/nki >= 1.0``). Each sample is one call followed by
+Goals (issue 23): nki at least 1.5x faster than eager (``eager/nki >= 1.5``) and at least
+1.1x faster than compiled (``compiled/nki >= 1.1``). Each sample is one call followed by
 ``torch.neuron.synchronize()``; the table shows the median (and min) per call, and the
 ratios of medians (and of mins: on a machine shared with other jobs the median mostly
 measures the load, the min what each variant can do). Every configuration runs at the
-default thread count and at 1 thread (``--threads``).
+default thread count and at 1 thread (``--threads``). The load average is printed before
+and after the run.
 
     python benchmarks/nki.py
-    python benchmarks/nki.py --json nki.json --samples 21
+    taskset -c 1 python benchmarks/nki.py --threads 1 --samples 30
+    python benchmarks/nki.py --cases softmax,attention --json nki.json --samples 21
 """
 from __future__ import annotations
 
@@ -49,7 +60,8 @@ import torch.nn.functional as F  # noqa: E402
 import nki  # noqa: E402
 import torch_neuronx  # noqa: E402,F401
 
-EAGER_GOAL, COMPILED_GOAL = 1.5, 1.0
+EAGER_GOAL, COMPILED_GOAL = 1.5, 1.1
+CASES = ("rmsnorm", "silu_mul", "softmax", "attention", "pool")
 
 
 def _kernels():
@@ -67,18 +79,39 @@ def pool_code(x, b):
     return F.relu(F.avg_pool2d(x, 2) + b.view(1, -1, 1, 1))
 
 
-def _cases(K, dtypes, tokens, hidden, image):
+def _cases(K, cases, dtypes, tokens, hidden, image, seqs, head_dim=64):
+    """(name, dtype, eager, compiled, args, kernel) per case and dtype."""
     n, c, h = image
     for dtype in dtypes:
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(tokens, hidden, generator=g).to(dtype).to("neuron")
-        w = torch.randn(1, hidden, generator=g).to(dtype).to("neuron")
-        yield (f"rmsnorm {tokens}x{hidden}", dtype, lambda x=x, w=w: rmsnorm_code(x, w),
-               torch.compile(rmsnorm_code, backend="neuron"), (x, w), lambda x=x, w=w: K.rmsnorm_wide(x, w, 1e-6))
-        x = torch.randn(n, c, h, h, generator=g).to(dtype).to("neuron")
-        b = torch.randn(c, 1, generator=g).to(dtype).to("neuron")
-        yield (f"pool {n}x{c}x{h}x{h}", dtype, lambda x=x, b=b: pool_code(x, b),
-               torch.compile(pool_code, backend="neuron"), (x, b), lambda x=x, b=b: K.avgpool_bias_relu(x, b))
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(dtype).to("neuron")
+
+        if "rmsnorm" in cases:
+            x, w = rand(tokens, hidden), rand(1, hidden)
+            yield (f"rmsnorm {tokens}x{hidden}", dtype, lambda x=x, w=w: rmsnorm_code(x, w),
+                   torch.compile(rmsnorm_code, backend="neuron"), (x, w), lambda x=x, w=w: K.rmsnorm_wide(x, w, 1e-6))
+        if "silu_mul" in cases:
+            gate, up = rand(tokens, hidden), rand(tokens, hidden)
+            yield (f"silu_mul {tokens}x{hidden}", dtype, lambda a=gate, b=up: K.silu_mul_ref(a, b),
+                   torch.compile(K.silu_mul_ref, backend="neuron"), (gate, up),
+                   lambda a=gate, b=up: K.silu_mul(a, b))
+        if "softmax" in cases:
+            x = rand(tokens, hidden)
+            yield (f"softmax {tokens}x{hidden}", dtype, lambda x=x: K.softmax_ref(x),
+                   torch.compile(K.softmax_ref, backend="neuron"), (x,), lambda x=x: K.softmax_fused(x))
+        if "attention" in cases:
+            scale = head_dim ** -0.5
+            for seq in seqs:
+                q, k, v = rand(seq, head_dim), rand(seq, head_dim), rand(seq, head_dim)
+                yield (f"attention {seq}x{head_dim}", dtype, lambda q=q, k=k, v=v: K.attention_ref(q, k, v, scale),
+                       torch.compile(K.attention_ref, backend="neuron"), (q, k, v, scale),
+                       lambda q=q, k=k, v=v: K.attention_head(q, k, v, scale))
+        if "pool" in cases:
+            x, b = rand(n, c, h, h), rand(c, 1)
+            yield (f"pool {n}x{c}x{h}x{h}", dtype, lambda x=x, b=b: pool_code(x, b),
+                   torch.compile(pool_code, backend="neuron"), (x, b), lambda x=x, b=b: K.avgpool_bias_relu(x, b))
 
 
 def _time(fn):
@@ -108,8 +141,12 @@ def _check(name, dtype, eager, compiled, nki_out, interp_out):
         err = (r.float().cpu() - eager.float().cpu()).abs().max().item()
         if err > tol * max(1.0, eager.float().abs().max().item()):
             raise SystemExit(f"{name} {dtype}: {what} differs from eager by {err}")
-    if interp_out is not None and not torch.equal(nki_out.cpu(), interp_out.cpu()):
-        raise SystemExit(f"{name} {dtype}: the native executor and the interpreter disagree")
+    # exp/silu use libm on the native executor and torch's kernels in the interpreter
+    # (docs/nki.md, "Contract with the interpreter"): a few ulp, not bit identity
+    if interp_out is not None:
+        err = (nki_out.float().cpu() - interp_out.float().cpu()).abs().max().item()
+        if err > tol * max(1.0, interp_out.float().abs().max().item()):
+            raise SystemExit(f"{name} {dtype}: the native executor and the interpreter disagree by {err}")
 
 
 def run_case(name, dtype, eager, compiled_fn, args, kernel, samples, interp_samples, warmup):
@@ -141,17 +178,25 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--image", default="16,128,56", help="N,C,H (square images)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
+    ap.add_argument("--seqs", default="128,512", help="attention sequence lengths (head dim 64)")
     ap.add_argument("--json")
     a = ap.parse_args()
     K = _kernels()
     default_threads = torch.get_num_threads()
     dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]
     image = tuple(int(v) for v in a.image.split(","))
+    cases = a.cases.split(",")
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
+    seqs = [int(v) for v in a.seqs.split(",")]
+    load_before = os.getloadavg()
     rows = []
     for th in a.threads.split(","):
         n = default_threads if th == "default" else int(th)
         torch.set_num_threads(n)
-        for name, dtype, eager, compiled, args, kernel in _cases(K, dtypes, a.tokens, a.hidden, image):
+        for name, dtype, eager, compiled, args, kernel in _cases(K, cases, dtypes, a.tokens, a.hidden, image, seqs):
             r = run_case(name, dtype, eager, compiled, args, kernel, a.samples, a.interp_samples, a.warmup)
             rows.append({"case": name, "dtype": str(dtype).replace("torch.", ""), "threads": n,
                          **{f"{k}_ms": (None if v is None else round(v[0] * 1e3, 3)) for k, v in r.items()},
@@ -163,11 +208,13 @@ def main():
                          "interp_over_nki": None if r["interp"] is None else r["interp"][0] / r["nki"][0]})
             print(_row(rows[-1]), flush=True)
     print()
-    print(f"torch {torch.__version__}, {platform.machine()}, load {os.getloadavg()[0]:.1f}, "
+    print(f"torch {torch.__version__}, {platform.machine()}, executor isa {torch_neuronx._C._nki_kernel_isa()}, "
+          f"load (1/5/15 min) {'/'.join(f'{v:.1f}' for v in load_before)} before, "
+          f"{'/'.join(f'{v:.1f}' for v in os.getloadavg())} after, "
           f"samples {a.samples} (median ms per call, min in parentheses; ratios of medians (of mins), "
           f"goal flags median/min)")
     print("| case | dtype | threads | eager | compiled | nki | interp | eager/nki (goal >= 1.5) "
-          "| compiled/nki (goal >= 1.0) |")
+          "| compiled/nki (goal >= 1.1) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(_row(r))

@@ -263,6 +263,108 @@ def avgpool_bias_relu(x, b):
     return out
 
 
+@nki.jit
+def silu_mul(gate, up):
+    """SwiGLU's gating, silu(gate) * up, for [rows, F] inputs, 128 rows per
+    tile (the last may be partial): silu on the Scalar Engine into an fp32
+    tile, then one tensor_tensor multiply that rounds to the output dtype.
+    Tiles are allocated with the rows the step has (not 128 and a [:p]
+    view), so the native executor never NaN-fills a partly written tile."""
+    rows, F = gate.shape
+    assert up.shape == gate.shape
+    out = nl.ndarray((rows, F), dtype=gate.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range((rows + 127) // 128):
+        p = min(128, rows - i * 128)
+        g = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
+        u = nl.ndarray((p, F), dtype=up.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=g, src=gate[i * 128:i * 128 + p])
+        nisa.dma_copy(dst=u, src=up[i * 128:i * 128 + p])
+        s = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=s, op=nl.silu, data=g)
+        y = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=y, data1=s, data2=u, op=nl.multiply)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
+    return out
+
+
+@nki.jit
+def softmax_fused(x):
+    """Numerically stable row softmax of [rows, F] in three passes over a
+    128-row tile: the negated row max (tensor_reduce), exp(x - max) with
+    the row sum in the activation's reduce registers, and one multiply by
+    the reciprocal sum that rounds to the output dtype."""
+    rows, F = x.shape
+    out = nl.ndarray((rows, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range((rows + 127) // 128):
+        p = min(128, rows - i * 128)
+        t = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i * 128:i * 128 + p])
+        neg_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=t, axis=1, keepdims=True, negate=True)
+        e = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
+        total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=t, bias=neg_max, reduce_op=nl.add,
+                        reduce_res=total, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        inv = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv, data=total)
+        y = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=e, op0=nl.multiply, operand0=inv)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
+    return out
+
+
+@nki.jit
+def attention_head(q, k, v, scale):
+    """One attention head, O = softmax(scale * Q K^T) V, for q [Sq, d] and
+    k, v [Sk, d] with d <= 128 and Sk <= 512 (one PSUM bank of scores), in
+    tiles of 128 queries. S = Q K^T is one nc_matmul (head dim on the
+    partitions: Q^T and K^T come in by dma_transpose). The row softmax
+    reads S from PSUM: exp(scale * s - scale * max) with the row sum in the
+    reduce registers; the normalisation is deferred to the [128, d] output
+    (O = (E V) / sum), so it costs d, not Sk, multiplies per row. E V
+    contracts over keys: each 128-key block of E is transposed (nc_transpose
+    into PSUM, copied to SBUF) and accumulates into the output's PSUM tile."""
+    Sq, d = q.shape
+    Sk, d2 = k.shape
+    assert d == d2 and tuple(v.shape) == (Sk, d) and d <= 128 and Sk <= 512 and Sk % 128 == 0
+    # nc_matmul takes fp32 only with fp32: E is kept in V's dtype
+    pdt = nl.float32 if v.dtype == nl.float32 else v.dtype
+    out = nl.ndarray((Sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
+    kT = nl.ndarray((d, Sk), dtype=k.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=kT, src=k)
+    vt = []
+    for j in nl.static_range(Sk // 128):
+        vj = nl.ndarray((128, d), dtype=v.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=vj, src=v[j * 128:(j + 1) * 128])
+        vt.append(vj)
+    for i in nl.affine_range((Sq + 127) // 128):
+        p = min(128, Sq - i * 128)
+        qT = nl.ndarray((d, p), dtype=q.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=qT, src=q[i * 128:i * 128 + p])
+        s = nl.ndarray((p, Sk), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=s, stationary=qT, moving=kT)
+        neg_max = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=s, axis=1, keepdims=True, negate=True)
+        nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.multiply, operand0=scale)
+        e = nl.ndarray((p, Sk), dtype=pdt, buffer=nl.sbuf)
+        total = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=s, bias=neg_max, scale=scale, reduce_op=nl.add,
+                        reduce_res=total, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        o = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.psum)
+        for j in nl.static_range(Sk // 128):
+            eT_psum = nl.ndarray((128, p), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_transpose(dst=eT_psum, data=e[:, j * 128:(j + 1) * 128])
+            eT = nl.ndarray((128, p), dtype=pdt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=eT, src=eT_psum)
+            nisa.nc_matmul(dst=o, stationary=eT, moving=vt[j])
+        inv = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv, data=total)
+        y = nl.ndarray((p, d), dtype=q.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=o, op0=nl.multiply, operand0=inv)
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
+    return out
+
+
 # -- references ---------------------------------------------------------------
 def avgpool2d_ref(x, pool):
     c, h, w = x.shape
@@ -273,3 +375,18 @@ def transpose2d_ref(x, shape2d):
     p = x.shape[0]
     r, s = shape2d
     return np.ascontiguousarray(np.transpose(x.reshape(p, r, s), (0, 2, 1)).reshape(p, r * s))
+
+
+# PyTorch code of the benchmark kernels (benchmarks/nki.py times these eagerly and compiled)
+def silu_mul_ref(gate, up):
+    import torch.nn.functional as F
+    return F.silu(gate) * up
+
+
+def softmax_ref(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def attention_ref(q, k, v, scale):
+    return softmax_ref((q @ k.transpose(0, 1)) * scale) @ v

@@ -139,3 +139,17 @@ def test_generate_weights_cache_and_chat(tmp_path):
     assert chat.returncode == 0, chat.stderr[-2000:]
     assert chat.stdout.count("You: ") == 2 and "Assistant: " in chat.stdout
     assert "tokens/s]" in chat.stderr
+
+
+# ---- examples/kernelize.py: SmolLM2 with and without the Hub RMSNorm kernel ------------------------------------------
+
+def test_kernelize_reports_tokens_per_second_and_the_same_answer():
+    pytest.importorskip("kernels")
+    cmd = [str(EXAMPLES / "kernelize.py"), "--max-new-tokens", "4", "--repeats", "1", "--threads", "1"]
+    proc = run_python(f"import runpy, sys; sys.argv = {cmd!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    out = proc.stdout
+    assert "61 RMSNorm modules kernelized" in out, out
+    rows = re.findall(r"^\| 1 \| (eager ATen RMSNorm|Hub NKI RMSNorm) \| ([0-9.]+) \(", out, flags=re.M)
+    assert [name for name, _ in rows] == ["eager ATen RMSNorm", "Hub NKI RMSNorm"], out
+    assert all(float(tps) > 0 for _, tps in rows)
+    assert "same tokens with and without the Hub kernels: True" in out

@@ -27,23 +27,25 @@ def rms_norm_kernel(x, w, eps):
     weight = nl.ndarray((P, H), dtype=w.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=weight, src=w.reshape((1, H)).broadcast(0, P))
     for i in nl.affine_range((N + P - 1) // P):
+        # tiles of exactly the rows this step has: a partly written tile would be
+        # NaN-filled first on the native executor (its fresh-buffer sentinel), which
+        # costs more than the whole kernel for a decode step's single row
         p = min(P, N - i * P)
         rows = nl.ds(i * P, p)
-        t = nl.ndarray((P, H), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[:p], src=x[rows])
-        squares = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
-        ssum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=squares[:p], op=nl.square, data=t[:p], reduce_op=nl.add, reduce_res=ssum[:p])
-        rstd = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.ndarray((p, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[rows])
+        squares = nl.ndarray((p, H), dtype=nl.float32, buffer=nl.sbuf)
+        ssum = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=squares, op=nl.square, data=t, reduce_op=nl.add, reduce_res=ssum)
+        rstd = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         # mean = sum / H (a division, as torch's mean), then + eps and rsqrt
-        nisa.tensor_scalar(dst=rstd[:p], data=ssum[:p], op0=nl.divide, operand0=float(H), op1=nl.add,
-                           operand1=eps)
-        nisa.activation(dst=rstd[:p], op=nl.rsqrt, data=rstd[:p])
-        normed = nl.ndarray((P, H), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=normed[:p], data=t[:p], op0=nl.multiply, operand0=rstd[:p])
-        y = nl.ndarray((P, H), dtype=out_dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=y[:p], data1=weight[:p], data2=normed[:p], op=nl.multiply)
-        nisa.dma_copy(dst=out[rows], src=y[:p])
+        nisa.tensor_scalar(dst=rstd, data=ssum, op0=nl.divide, operand0=float(H), op1=nl.add, operand1=eps)
+        nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
+        normed = nl.ndarray((p, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=normed, data=t, op0=nl.multiply, operand0=rstd)
+        y = nl.ndarray((p, H), dtype=out_dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=y, data1=weight[:p], data2=normed, op=nl.multiply)
+        nisa.dma_copy(dst=out[rows], src=y)
     return out
 
 
