@@ -267,7 +267,7 @@ def avgpool_bias_relu(x, b):
 def silu_mul(gate, up):
     """SwiGLU's gating, silu(gate) * up, for [rows, F] inputs, 128 rows per
     tile (the last may be partial): silu on the Scalar Engine into an fp32
-    tile, then one tensor_tensor multiply that rounds to the output dtype.
+    tile, then one multiply by ``up`` that rounds to the output dtype.
     Tiles are allocated with the rows the step has (not 128 and a [:p]
     view), so the native executor never NaN-fills a partly written tile."""
     rows, F = gate.shape
@@ -282,7 +282,10 @@ def silu_mul(gate, up):
         s = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=s, op=nl.silu, data=g)
         y = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=y, data1=s, data2=u, op=nl.multiply)
+        # (s * 1.0) * u: scalar_tensor_tensor is the native executor's one-pass row
+        # form (loads, multiply, rounding and the streamed store in one loop); a
+        # tensor_tensor goes through a row scratch. bf16 [4096, 2048]: 25 % faster.
+        nisa.scalar_tensor_tensor(dst=y, data=s, op0=nl.multiply, operand0=1.0, op1=nl.multiply, operand1=u)
         nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
     return out
 
