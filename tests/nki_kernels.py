@@ -329,7 +329,8 @@ def attention_head(q, k, v, scale):
     into PSUM, copied to SBUF) and accumulates into the output's PSUM tile."""
     Sq, d = q.shape
     Sk, d2 = k.shape
-    assert d == d2 and tuple(v.shape) == (Sk, d) and d <= 128 and Sk <= 512 and Sk % 128 == 0
+    assert d == d2 and tuple(v.shape) == (Sk, d), f"q {q.shape}, k {k.shape}, v {v.shape}: want [Sq, d], [Sk, d], [Sk, d]"
+    assert d <= 128 and Sk <= 512 and Sk % 128 == 0, f"head dim {d} <= 128 and keys {Sk}: a multiple of 128, <= 512"
     # nc_matmul takes fp32 only with fp32: E is kept in V's dtype
     pdt = nl.float32 if v.dtype == nl.float32 else v.dtype
     out = nl.ndarray((Sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
