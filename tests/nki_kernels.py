@@ -267,7 +267,7 @@ def avgpool_bias_relu(x, b):
 def silu_mul(gate, up):
     """SwiGLU's gating, silu(gate) * up, for [rows, F] inputs, 128 rows per
     tile (the last may be partial): silu on the Scalar Engine into an fp32
-    tile, then one tensor_tensor multiply that rounds to the output dtype.
+    tile, then one multiply by ``up`` that rounds to the output dtype.
     Tiles are allocated with the rows the step has (not 128 and a [:p]
     view), so the native executor never NaN-fills a partly written tile."""
     rows, F = gate.shape
@@ -282,7 +282,10 @@ def silu_mul(gate, up):
         s = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=s, op=nl.silu, data=g)
         y = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=y, data1=s, data2=u, op=nl.multiply)
+        # (s * 1.0) * u: scalar_tensor_tensor is the native executor's one-pass row
+        # form (loads, multiply, rounding and the streamed store in one loop); a
+        # tensor_tensor goes through a row scratch. bf16 [4096, 2048]: 25 % faster.
+        nisa.scalar_tensor_tensor(dst=y, data=s, op0=nl.multiply, operand0=1.0, op1=nl.multiply, operand1=u)
         nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
     return out
 
@@ -326,7 +329,8 @@ def attention_head(q, k, v, scale):
     into PSUM, copied to SBUF) and accumulates into the output's PSUM tile."""
     Sq, d = q.shape
     Sk, d2 = k.shape
-    assert d == d2 and tuple(v.shape) == (Sk, d) and d <= 128 and Sk <= 512 and Sk % 128 == 0
+    assert d == d2 and tuple(v.shape) == (Sk, d), f"q {q.shape}, k {k.shape}, v {v.shape}: want [Sq, d], [Sk, d], [Sk, d]"
+    assert d <= 128 and Sk <= 512 and Sk % 128 == 0, f"head dim {d} <= 128 and keys {Sk}: a multiple of 128, <= 512"
     # nc_matmul takes fp32 only with fp32: E is kept in V's dtype
     pdt = nl.float32 if v.dtype == nl.float32 else v.dtype
     out = nl.ndarray((Sq, d), dtype=q.dtype, buffer=nl.shared_hbm)

@@ -94,8 +94,10 @@ def test_attention_head_large_scores(executor):
 def test_attention_head_limits():
     q = torch.randn(128, 64)
     k = torch.randn(640, 64)  # more keys than one PSUM bank of fp32 scores
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="multiple of 128, <= 512"):
         K.attention_head(q, k, k, 0.125)
+    with pytest.raises(AssertionError, match="want"):
+        K.attention_head(q, k[:128], k[:128, :32], 0.125)
 
 
 @pytest.mark.parametrize("name", ["silu_mul", "softmax", "attention"])
