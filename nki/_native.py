@@ -394,10 +394,33 @@ def _mapped(ir, subst):
     return kind, {k: m(v) for k, v in a.items()}
 
 
+class _Part:
+    """One executor record's worth of an instruction that lowers to several
+    (``("seq", {"parts": [ir, ...]})``): the lowering sees each as its own
+    instruction, so lifetimes, DMA elision and NaN fills work per record.
+    The parts pass values through fp32 temporaries the instruction allocated
+    while tracing (storages no interpreter instruction touches)."""
+    __slots__ = ("name", "tensors", "ir")
+
+    def __init__(self, name, ir):
+        self.name, self.ir = name, ir
+        self.tensors = tuple(_writes(ir)) + tuple(_reads(ir))
+
+
+def _expand(instrs):
+    out = []
+    for ins in instrs:
+        if ins.ir is not None and ins.ir[0] == "seq":
+            out.extend(_Part(ins.name, ir) for ir in ins.ir[1]["parts"])
+        else:
+            out.append(ins)
+    return out
+
+
 class NativeProgram:
     def __init__(self, program, precise):
         low = _Lowering(program, precise)
-        instrs = program.instrs
+        instrs = _expand(program.instrs)
         for ins in instrs:
             if ins.ir is None:
                 raise Unsupported(ins.name)

@@ -416,7 +416,7 @@ def _nl_softmax(a):
     return nl.softmax(a, axis=1)
 
 
-@unit("nl.rms_norm", ALL, nin=2, tol=True)
+@unit("nl.rms_norm", ALL, nin=2)
 def _nl_rms_norm(a, b):
     return nl.rms_norm(a, b[0:1, :], axis=1, n=a.shape[1])
 
@@ -500,13 +500,9 @@ INTERPRETER = {
     "nl.dropout": "draws from torch's CPU generator",
     "nl.device_print": "prints from the host",
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
-    "nl.shared_identity_matrix": "not lowered",
     "nl.softmax": "torch.softmax's fused kernel (its own exp and sum order)",
-    "nl.rms_norm": "a composite (square, sum, rsqrt, products) in one torch expression, not lowered",
-    "nl.mean": "torch's mean (a sum, then a division in fp32) needs an fp32 temporary: not lowered",
     "nl.var": "torch's two-pass variance: not lowered",
     "nl.prod": "product reductions are not lowered",
-    "nl.all": "not lowered",
     "nl.where": "no select in the executor's ALU",
 }
 for _op in BITVEC:
