@@ -23,6 +23,7 @@ is not stored."""
 import math
 import os
 import platform
+import struct
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from ._tensor import NkiTensor, _contiguous_strides
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
-OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM = range(9)
+OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN = range(12)
 # Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
 # and store back with torch's conversions (rounding, saturation, wrapping).
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4,
@@ -216,6 +217,12 @@ def _lower_instr(low, ins, ir, dead):
             raise Unsupported(f"memset: {e}") from None
         low.emit(OP_FILL, [dst], imms=(float(v.item() if not v.dtype.is_floating_point else v.float().item()),))
         return dst, []
+    if kind == "iota":
+        return _lower_iota(low, a)
+    if kind == "select":
+        return _lower_select(low, a, dead)
+    if kind == "scan":
+        return _lower_scan(low, a, dead)
     dst, data = a["dst"], a["data"]
     if data.shape[0] != dst.shape[0] or data.shape[0] > 128:
         raise Unsupported("partition mismatch")
@@ -300,6 +307,71 @@ def _lower_instr(low, ins, ir, dead):
     return dst, views[1:]
 
 
+def _f32(x):
+    return float(torch.tensor(float(x), dtype=torch.float32))
+
+
+def _rowwise_operands(dst, views):
+    """Operands read element by element at dst's positions (each row is read
+    whole before it is stored: in place only as the same view)."""
+    P = dst.shape[0]
+    if P > 128 or any(v.shape[0] != P or v.size // max(P, 1) != dst.size // max(P, 1) for v in views):
+        raise Unsupported("partition mismatch")
+    if any(v.storage.id == dst.storage.id and not _same_view(v, dst) for v in views):
+        raise Unsupported("a destination overlapping a source")
+
+
+def _lower_iota(low, a):
+    """GpSimd iota (and affine_select's affine values): the interpreter's
+    float64 sum, term by term, rounded to fp32 (exact: integer steps)."""
+    dst, pattern = a["dst"], a["pattern"]
+    if len(pattern) > 4 or dst.shape[0] > 128:
+        raise Unsupported("an iota pattern of more than 4 terms")
+    nums = (a["offset"], a["channel_multiplier"]) + tuple(s for s, _n in pattern)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in nums):
+        raise Unsupported("an iota pattern of non-numbers")
+    counts = [int(n) for _s, n in pattern]
+    steps = [struct.unpack("<q", struct.pack("<d", float(s)))[0] for s, _n in pattern]
+    pad = [0] * (4 - len(pattern))
+    low.emit(OP_IOTA, [dst], [0, 0, len(pattern)] + counts + pad + steps + pad,
+             (float(a["offset"]), float(a["channel_multiplier"])))
+    return dst, []
+
+
+def _lower_select(low, a, dead):
+    """``dst = cond != 0 ? x : y`` (nl.where, affine_select): x and y are
+    elementwise views or numbers (what torch.where gives them in fp32)."""
+    dst, cond = a["dst"], a["cond"]
+    views, slots, imms = [dst, cond], [], [0.0, 0.0]
+    for i, key in enumerate(("x", "y")):
+        v = a[key]
+        if _is_tensor(v):
+            views.append(v)
+            slots.append(len(views) - 1)
+        else:
+            slots.append(-1)
+            imms[i] = _f32(v)
+    if not any(_is_tensor(a[k]) for k in ("x", "y")) and not all(
+            isinstance(a[k], float) or _f32(a[k]) == a[k] for k in ("x", "y")):
+        raise Unsupported("a select of two integers (int64 on the interpreter) not exact in fp32")
+    _rowwise_operands(dst, views[1:])
+    low.emit(OP_SEL, views, [int(dead), 0] + slots, imms)
+    return dst, views[1:]
+
+
+def _lower_scan(low, a, dead):
+    """tensor_tensor_scan: one sequential recurrence per partition row."""
+    dst = a["dst"]
+    views = [dst, a["data0"], a["data1"]]
+    _rowwise_operands(dst, views[1:])
+    slot, imm = _operand(low, a["initial"], views)
+    if slot >= 0 and (views[slot].storage.id == dst.storage.id):
+        raise Unsupported("a scan whose initial value is in its destination")
+    low.emit(OP_SCAN, views, [int(dead), 0, _alu(a["op0"]), int(a["reverse0"]), _alu(a["op1"]), int(a["reverse1"]),
+                              slot], (imm,))
+    return dst, views[1:]
+
+
 def _check_sum(data, m=None):
     """torch splits one huge row across threads (two-pass reduction), in an
     order that depends on the thread count: not reproduced."""
@@ -369,8 +441,9 @@ def _forward(instrs, first, last, bound, dtypes):
                 continue
         f = first.get(s)
         # (Only into a kernel argument or output: their memory exists from the start.)
+        # (Not a tile another tile reads in place: substitutions do not chain.)
         if s not in bound and d in bound and last[s] == k and _whole(src) and dst.is_contiguous() and \
-                f is not None and f < k:
+                f is not None and f < k and not any(t[0].id == s for t in subst.values()):
             fw = instrs[f].ir[1]["dst"]
             span = (dst.offset, dst.offset + dst.size - 1)
             if fw.storage.id == s and _whole(fw) and not any(v.storage.id == s for v in rw[f][1]) and not any(

@@ -9,7 +9,7 @@ import torch
 from . import _checks, _dtypes, _target, _trace
 from ._errors import fail
 from ._ops import reduce as _reduce_fn
-from ._tensor import NkiTensor
+from ._tensor import NkiTensor, sbuf as _sbuf
 
 
 class _Enum:
@@ -328,7 +328,9 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
             prev = _apply(i1, x, b[:, i], reverse1)
             out[:, i] = prev
         env.write(dst, out.reshape(dst.shape))
-    _trace.record(instr, run, dst, data0, data1, *[t for t in (initial,) if isinstance(t, NkiTensor)])
+    _trace.record(instr, run, dst, data0, data1, *[t for t in (initial,) if isinstance(t, NkiTensor)],
+                  ir=("scan", {"dst": dst, "data0": data0, "data1": data1, "initial": initial, "op0": i0, "op1": i1,
+                               "reverse0": reverse0, "reverse1": reverse1}))
 
 
 def _reduced_shape(shape, axes, keepdims):
@@ -557,7 +559,7 @@ def bn_stats(dst, data, name=None, **kw):
         out = torch.zeros(x.shape[0], _BN_SLOTS)
         out[:, 0], out[:, 1], out[:, 2] = n, mean, m2
         env.write(dst, out.reshape(dst.shape))
-    _trace.record(instr, run, dst, data)
+    _trace.record(instr, run, dst, data, ir=_bn_stats_ir(dst, data))
 
 
 def bn_aggr(dst, data, name=None, **kw):
@@ -578,7 +580,65 @@ def bn_aggr(dst, data, name=None, **kw):
         mu = (n * mean).sum(dim=1) / total
         m2_all = (m2 + n * (mean - mu[:, None]) ** 2).sum(dim=1)
         env.write(dst, torch.stack([mu, m2_all / total], dim=1).reshape(dst.shape))
-    _trace.record(instr, run, dst, data)
+    _trace.record(instr, run, dst, data, ir=_bn_aggr_ir(dst, data))
+
+
+# -- native lowerings of the composite instructions ------------------------
+# Sequences of executor records (nki/_native.py, "seq") through fp32 SBUF
+# temporaries: the interpreter's fp32 operations, in its order.
+def _temp(shape):
+    shape = tuple(shape)
+    return NkiTensor(_trace.current().new_storage(_sbuf, torch.float32, shape, "tmp"), shape, _check=False)
+
+
+def _column(t, j, k=1, every=1):
+    """Columns j, j + every, ... (k of them) of a 2-D tile, as a [P, k] view."""
+    return NkiTensor(t.storage, (t.shape[0], k), (t.strides[0], every * t.strides[1]), t.offset + j * t.strides[1],
+                     _check=False)
+
+
+def _ts(dst, data, op0, operand0):
+    return ("tensor_scalar", {"dst": dst, "data": data, "op0": _OPS[op0], "operand0": operand0, "reverse0": False,
+                              "op1": None, "operand1": None, "reverse1": False})
+
+
+def _tt(dst, a, b, op):
+    return ("tensor_tensor", {"dst": dst, "data": a, "data2": b, "op": _OPS[op]})
+
+
+def _sum(dst, data, axes=(1,)):
+    return ("tensor_reduce", {"dst": dst, "data": data, "op": _OPS["add"], "axes": tuple(axes), "negate": False})
+
+
+def _bn_stats_ir(dst, data):
+    # mean: torch's sum, then / n; m2: ((x - mean) * (x - mean)).sum()  (** 2 is a product in torch).
+    if dst.ndim != 2 or dst.shape[0] > 128:
+        return None
+    P, F = data.shape[0], math.prod(data.shape[1:])
+    s, mean, d, m2 = _temp((P, 1)), _temp((P, 1)), _temp((P, F)), _temp((P, 1))
+    return ("seq", {"parts": [
+        _sum(s, data, range(1, data.ndim)), _ts(mean, s, "divide", F), _ts(d, data, "subtract", mean),
+        _tt(d, d, d, "multiply"), _sum(m2, d), ("memset", {"dst": dst, "value": 0}),
+        ("memset", {"dst": _column(dst, 0), "value": F}), ("copy", {"dst": _column(dst, 1), "src": mean}),
+        ("copy", {"dst": _column(dst, 2), "src": m2})]})
+
+
+def _bn_aggr_ir(dst, data):
+    # One bn_stats group per partition: the sums over groups are of one
+    # element (torch's order over several strided groups is not reproduced).
+    k = math.prod(data.shape[1:]) // _BN_SLOTS
+    if dst.ndim != 2 or data.ndim != 2 or k != 1 or dst.shape[0] > 128:
+        return None
+    P = data.shape[0]
+    n, mean, m2, total, nm, s1, mu, dv, e, q, var = (_temp((P, 1)) for _ in range(11))
+    return ("seq", {"parts": [
+        ("copy", {"dst": n, "src": _column(data, 0, k, _BN_SLOTS)}),
+        ("copy", {"dst": mean, "src": _column(data, 1, k, _BN_SLOTS)}),
+        ("copy", {"dst": m2, "src": _column(data, 2, k, _BN_SLOTS)}),
+        _sum(total, n), _tt(nm, n, mean, "multiply"), _sum(s1, nm), _ts(mu, s1, "divide", total),
+        _ts(dv, mean, "subtract", mu), _tt(dv, dv, dv, "multiply"), _tt(dv, n, dv, "multiply"),
+        _tt(e, m2, dv, "add"), _sum(q, e), _ts(var, q, "divide", total),
+        ("copy", {"dst": _column(dst, 0), "src": mu}), ("copy", {"dst": _column(dst, 1), "src": var})]})
 
 
 def tensor_partition_reduce(dst, op, data, name=None, **kw):
@@ -622,7 +682,9 @@ def iota(dst, pattern, offset, channel_multiplier=0, name=None, **kw):
     _checks.tile(instr, "dst", dst, _checks.SBUF)
     _check_pattern(instr, pattern, dst.shape)
     _trace.record(instr, lambda env: env.write(
-        dst, _affine(pattern, offset, channel_multiplier, dst.shape).reshape(dst.shape).to(torch.float32)), dst)
+        dst, _affine(pattern, offset, channel_multiplier, dst.shape).reshape(dst.shape).to(torch.float32)), dst,
+        ir=("iota", {"dst": dst, "pattern": [tuple(p) for p in pattern], "offset": offset,
+                     "channel_multiplier": channel_multiplier}))
 
 
 def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None,
@@ -645,7 +707,18 @@ def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_fal
         cond = impl.compute(v, torch.zeros(())) != 0
         env.write(dst, torch.where(cond, env.f32(on_true_tile).reshape(dst.shape),
                                    torch.tensor(float(on_false_value))))
-    _trace.record(instr, run, dst, on_true_tile)
+    # Natively: the affine values (iota) into an fp32 tile, compared with 0, then a select.
+    ir = None
+    if on_true_tile.shape[0] == dst.shape[0]:
+        P, F = dst.shape[0], math.prod(dst.shape[1:])
+        v = _temp((P, F))
+        ir = ("seq", {"parts": [
+            ("iota", {"dst": v, "pattern": [tuple(p) for p in pattern], "offset": offset,
+                      "channel_multiplier": channel_multiplier}),
+            ("tensor_scalar", {"dst": v, "data": v, "op0": impl, "operand0": 0.0, "reverse0": False, "op1": None,
+                               "operand1": None, "reverse1": False}),
+            ("select", {"dst": dst, "cond": v, "x": on_true_tile, "y": float(on_false_value)})]})
+    _trace.record(instr, run, dst, on_true_tile, ir=ir)
 
 
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,

@@ -463,7 +463,13 @@ def where(condition, x, y, dtype=None, **kw):
         c = c != 0 if isinstance(c, torch.Tensor) else torch.tensor(bool(c))
         a, b = _value(env, x, ndim=len(shape)), _value(env, y, ndim=len(shape))
         env.write(out, torch.where(c, torch.as_tensor(a), torch.as_tensor(b)).expand(shape))
-    _trace.record(instr, run, out, *ts)
+    # Natively a select record (tile operands broadcast to the result's shape).
+    ir = None
+    if isinstance(condition, NkiTensor) and builtins.all(isinstance(v, (NkiTensor, int, float)) for v in (x, y)):
+        ir = ("select", {"dst": out, "cond": _expanded(condition, shape),
+                         "x": _expanded(x, shape) if isinstance(x, NkiTensor) else x,
+                         "y": _expanded(y, shape) if isinstance(y, NkiTensor) else y})
+    _trace.record(instr, run, out, *ts, ir=ir)
     return out
 
 

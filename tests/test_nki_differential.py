@@ -483,27 +483,21 @@ NOT_INSTRUCTIONS = {
 # Units the interpreter runs and the native executor refuses, with the reason.
 INTERPRETER = {
     "nisa.scalar_tensor_tensor+reduce": "the accumulator-register reduction of scalar_tensor_tensor is not lowered",
-    "nisa.tensor_tensor_scan": "scans are not lowered (a sequential recurrence per partition)",
     "nisa.activation[load_reduce]": "load_reduce is not lowered",
     "nisa.exponential": "trn3's Vector Engine exp with its registers is not lowered",
     "nisa.tensor_scalar_reduce": "not lowered (registers with multiply/max/min, reduce_init, negate)",
-    "nisa.bn_stats": "not lowered (torch's mean/var two-pass order)",
-    "nisa.bn_aggr": "not lowered",
     "nisa.tensor_partition_reduce": "not lowered (a reduction across partitions)",
-    "nisa.iota": "GpSimd: not lowered",
-    "nisa.affine_select": "GpSimd: not lowered",
     "nisa.select_reduce": "not lowered",
     "nisa.max8": "not lowered (torch.topk)",
     "nisa.nc_find_index8": "not lowered",
     "nisa.dropout": "draws from torch's CPU generator",
     "nl.rand": "draws from torch's CPU generator",
     "nl.dropout": "draws from torch's CPU generator",
+    "nl.softmax": "torch.softmax's fused kernel (its own exp and sum order)",
     "nl.device_print": "prints from the host",
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
-    "nl.softmax": "torch.softmax's fused kernel (its own exp and sum order)",
     "nl.var": "torch's two-pass variance: not lowered",
     "nl.prod": "product reductions are not lowered",
-    "nl.where": "no select in the executor's ALU",
 }
 for _op in BITVEC:
     INTERPRETER[f"nl.{_op}"] = "bitvector ops compute in int64 on the interpreter"

@@ -340,3 +340,48 @@ TEST(NkiExecutor, PrefetchCoversThePlannedRowsOnce) {
   pf.streamed(streamed);
   EXPECT_EQ(pf.next, nullptr);
 }
+
+// OP_SEL, OP_IOTA and OP_SCAN (the records of nl.where, iota/affine_select
+// and tensor_tensor_scan) on a [P, F] fp32 input. Buffers: 0 x, 1 y (bound),
+// 2 sel, 3 iota, 4 scan (bound outputs).
+TEST(NkiExecutor, SelectIotaScanRecords) {
+  const int64_t P = 3, F = 5;
+  Table t;
+  // sel = x != 0 ? y : -9 (x in slot 1 is the condition, y in slot 2, imm[1] for the other)
+  t.add({nk::OP_SEL, 0, 0, 2, -1}, {rows(2, P, F), rows(0, P, F), rows(1, P, F)}, 0.0, -9.0);
+  // iota: 2 terms [[2, 1], [0.5, 5]]: offset 3, channel multiplier 10
+  double half = 0.5, two = 2.0;
+  int64_t hb, tb;
+  std::memcpy(&hb, &half, 8);
+  std::memcpy(&tb, &two, 8);
+  t.add({nk::OP_IOTA, 0, 0, 2, 1, 5, 0, 0, tb, hb, 0, 0}, {rows(3, P, F)}, 3.0, 10.0);
+  // scan: r = (x * r) + y from r = 0.5
+  t.add({nk::OP_SCAN, 0, 0, nk::A_MUL, 0, nk::A_ADD, 0, -1}, {rows(4, P, F), rows(0, P, F), rows(1, P, F)}, 0.5);
+  std::vector<nk::Buffer> bufs;
+  for (int b = 0; b < 5; ++b) bufs.push_back({nk::F32, P * F, -1});
+  nk::Program prog(t.words, t.imms, bufs, 64, "sel_iota_scan");
+  std::vector<float> x(P * F), y(P * F), sel(P * F), iota(P * F), scan(P * F);
+  for (int64_t i = 0; i < P * F; ++i) {
+    x[i] = i % 3 == 0 ? 0.0f : float(i) / 4.0f;
+    y[i] = float(i) - 7.0f;
+  }
+  x[1] = NAN;  // NaN is true
+  nk::execute(prog, {x.data(), y.data(), sel.data(), iota.data(), scan.data()}, 2);
+  for (int64_t p = 0; p < P; ++p) {
+    float r = 0.5f;
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t i = p * F + f;
+      EXPECT_EQ(sel[i], x[i] != 0.0f ? y[i] : -9.0f) << i;
+      EXPECT_EQ(iota[i], float(double(p) * 10.0 + 3.0 + 0.5 * double(f))) << i;
+      r = x[i] * r + y[i];
+      EXPECT_TRUE(scan[i] == r || (scan[i] != scan[i] && r != r)) << i;
+    }
+  }
+  // Malformed: an iota pattern that does not cover the row; a select slot naming no view.
+  Table bad;
+  bad.add({nk::OP_IOTA, 0, 0, 1, 4, 0, 0, 0, tb}, {rows(3, P, F)});
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, bufs, 64, "bad"), neuronrt::Error);
+  Table bad2;
+  bad2.add({nk::OP_SEL, 0, 0, 4, -1}, {rows(2, P, F), rows(0, P, F)});
+  EXPECT_THROW(nk::Program(bad2.words, bad2.imms, bufs, 64, "bad2"), neuronrt::Error);
+}

@@ -38,8 +38,8 @@ int64_t free_numel(const View& v) {
 // Views each opcode reads or writes unconditionally (slot 0 is dst).
 int fixed_views(int64_t opcode) {
   switch (opcode) {
-    case OP_FILL: return 1;
-    case OP_TT: case OP_STT: case OP_MM: return 3;
+    case OP_FILL: case OP_IOTA: return 1;
+    case OP_TT: case OP_STT: case OP_MM: case OP_SCAN: return 3;
     case OP_NOP: return 0;
     default: return 2;
   }
@@ -120,6 +120,18 @@ void Program::check_record(int64_t i) const {
     if (!whole && dst.shape[0] > kPartitions) fail("a partition-wise fill of more than 128 partitions");
     return;
   }
+  if (opcode == OP_IOTA) {
+    // w[3] pattern terms; w[4..8) their counts; w[8..12) their steps (double bits).
+    if (dst.shape[0] > kPartitions) fail("iota of more than 128 partitions");
+    if (w[3] < 1 || w[3] > 4) fail("iota takes 1 to 4 pattern terms");
+    int64_t count = 1;
+    for (int k = 0; k < w[3]; ++k) {
+      if (w[4 + k] < 1) fail("iota pattern count below 1");
+      count *= w[4 + k];
+    }
+    if (count != free_numel(dst)) fail("iota pattern does not cover dst's free elements");
+    return;
+  }
   const View& data = view(i, 1);
   if (opcode == OP_MM) {
     const View& mv = view(i, 2);
@@ -188,6 +200,21 @@ void Program::check_record(int64_t i) const {
       }
       break;
     }
+    case OP_SEL:
+      // w[3], w[4]: slots of x and y (-1: the immediates).
+      for (int k : {3, 4}) {
+        if (w[k] == -1) continue;
+        if (w[k] < 2 || w[k] >= kMaxViews || view(i, w[k]).ndim == 0) fail("select operand slot names no view");
+        same_rows(view(i, w[k]));
+      }
+      break;
+    case OP_SCAN:
+      // w[3] op0, w[4] reverse0, w[5] op1, w[6] reverse1, w[7] slot of the initial value (-1: imm[0]).
+      alu(w[3], false);
+      alu(w[5], false);
+      operand(w[7], false);
+      same_rows(view(i, 2));
+      break;
     case OP_TRED:
       if (w[3] != A_ADD && w[3] != A_MAX && w[3] != A_MIN) fail("tensor_reduce of an unsupported op");
       if (w[4] < 1 || n % w[4] != 0 || dn != n / w[4]) fail("tensor_reduce groups do not divide the row");
