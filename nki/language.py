@@ -374,8 +374,25 @@ def softmax(x, axis, dtype=None, **kw):
     instr = "nki.language.softmax"
     _checks.tile(instr, "x", x)
     out = _result(x.shape, dtype or x.dtype)
-    _trace.record(instr, lambda env: env.write(out, torch.softmax(env.f32(x), dim=axis)), out, x)
+    _trace.record(instr, lambda env: env.write(out, torch.softmax(env.f32(x), dim=axis)), out, x,
+                  ir=_softmax_ir(out, x, axis))
     return out
+
+
+def _softmax_ir(out, x, axis):
+    """Natively (a 2-D tile along its free axis): -max (tensor_reduce with
+    negate), exp(x + -max), its sum, a division. torch's fused kernel has its
+    own exp and order: within the transcendental tolerance (docs/nki.md)."""
+    if x.ndim != 2 or axis not in (1, -1):
+        return None
+    P, F = x.shape
+    m, e, s = _temp((P, 1)), _temp((P, F)), _temp((P, 1))
+    return ("seq", {"parts": [
+        ("tensor_reduce", {"dst": m, "data": x, "op": OPS["maximum"], "axes": (1,), "negate": True}),
+        ("activation", {"dst": e, "op": OPS["exp"], "data": x, "bias": m, "scale": 1.0, "cmd": "idle",
+                        "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
+        _reduce_part(s, e, "add", (1,)),
+        _scalar_part(out, e, "divide", s)]})
 
 
 def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):

@@ -493,7 +493,6 @@ INTERPRETER = {
     "nisa.dropout": "draws from torch's CPU generator",
     "nl.rand": "draws from torch's CPU generator",
     "nl.dropout": "draws from torch's CPU generator",
-    "nl.softmax": "torch.softmax's fused kernel (its own exp and sum order)",
     "nl.device_print": "prints from the host",
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
     "nl.var": "torch's two-pass variance: not lowered",
