@@ -36,7 +36,8 @@ from ._tensor import NkiTensor, _contiguous_strides
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
-OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN = range(12)
+(OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN,
+ OP_REG, OP_VAR) = range(14)
 # Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
 # and store back with torch's conversions (rounding, saturation, wrapping).
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4,
@@ -223,6 +224,17 @@ def _lower_instr(low, ins, ir, dead):
         return _lower_select(low, a, dead)
     if kind == "scan":
         return _lower_scan(low, a, dead)
+    if kind == "registers":
+        return _lower_registers(low, a)
+    if kind == "variance":
+        dst, data = a["dst"], a["data"]
+        _rowwise_operands(dst, [])
+        if data.shape[0] != dst.shape[0] or dst.storage.id == data.storage.id:
+            raise Unsupported("a variance into its own input")
+        m = _trailing_group(data, a["axes"])
+        _check_sum(data, m)
+        low.emit(OP_VAR, [dst, data], [int(dead), 0, m])
+        return dst, [data]
     dst, data = a["dst"], a["data"]
     if data.shape[0] != dst.shape[0] or data.shape[0] > 128:
         raise Unsupported("partition mismatch")
@@ -276,15 +288,7 @@ def _lower_instr(low, ins, ir, dead):
         op = a["op"]
         if op.name not in ("add", "maximum", "minimum"):
             raise Unsupported(f"tensor_reduce nl.{op.name}")
-        axes = a["axes"]
-        m = math.prod(data.shape[d] for d in axes)
-        # The interpreter sums contiguous runs in torch's order; other layouts fall back.
-        inner = [(data.strides[d], data.shape[d]) for d in axes if data.shape[d] > 1]
-        expect = 1
-        for s, n in reversed(inner):
-            if s != expect:
-                raise Unsupported("tensor_reduce over non-contiguous axes")
-            expect *= n
+        m = _trailing_group(data, a["axes"])
         if op.name == "add":
             _check_sum(data, m)
         header = [_alu(op), m, int(a["negate"])]
@@ -370,6 +374,35 @@ def _lower_scan(low, a, dead):
     low.emit(OP_SCAN, views, [int(dead), 0, _alu(a["op0"]), int(a["reverse0"]), _alu(a["op1"]), int(a["reverse1"]),
                               slot], (imm,))
     return dst, views[1:]
+
+
+def _lower_registers(low, a):
+    """The accumulator-register update of a reducing instruction (nki/isa.py
+    _accumulate) from its row reductions ([P, 1], already computed), and
+    reduce_res."""
+    dst, r = a["dst"], a["r"]
+    if a["op"].name not in ("add", "maximum", "minimum"):
+        raise Unsupported(f"a register reduction with nl.{a['op'].name}")
+    if dst.shape[0] != r.shape[0] or r.shape[0] > 128:
+        raise Unsupported("partition mismatch")
+    views = [dst, r]
+    slot, imm = _operand(low, a["init"], views)
+    low.emit(OP_REG, views, [0, 0, a["cmd"], _alu(a["op"]), _ENGINE[a["engine"]], int(a["res"]), int(a["negate"]),
+                             slot], (imm,))
+    return dst, views[1:]
+
+
+def _trailing_group(data, axes):
+    """Elements per reduction over trailing ``axes``: the interpreter reduces
+    contiguous runs in torch's order; other layouts fall back."""
+    m = math.prod(data.shape[d] for d in axes)
+    inner = [(data.strides[d], data.shape[d]) for d in axes if data.shape[d] > 1]
+    expect = 1
+    for s, n in reversed(inner):
+        if s != expect:
+            raise Unsupported("tensor_reduce over non-contiguous axes")
+        expect *= n
+    return m
 
 
 def _check_sum(data, m=None):

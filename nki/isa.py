@@ -291,11 +291,18 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
         env.write(dst, r.reshape(dst.shape))
         if rimpl is not None:
             _accumulate(env, "vector", cmd, rimpl, r, reduce_res)
+    def stt(out):
+        return ("scalar_tensor_tensor", {"dst": out, "data": data, "op0": i0, "operand0": operand0,
+                                         "reverse0": reverse0, "op1": i1, "operand1": operand1,
+                                         "reverse1": reverse1, "reduce": False})
+    ir = stt(dst)
+    if rimpl is not None:
+        # Natively: the fp32 result in a temporary, stored, reduced into the registers.
+        y = _row_temp(data)
+        ir = None if y is None else ("seq", {"parts": [stt(y), ("copy", {"dst": dst, "src": y})] +
+                                             _register_parts(y, rimpl, cmd, reduce_res, "vector")})
     _trace.record(instr, run, dst, data, operand1,
-                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)],
-                  ir=("scalar_tensor_tensor", {"dst": dst, "data": data, "op0": i0, "operand0": operand0,
-                                               "reverse0": reverse0, "op1": i1, "operand1": operand1,
-                                               "reverse1": reverse1, "reduce": rimpl is not None}))
+                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)], ir=ir)
 
 
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, **kw):
@@ -382,6 +389,14 @@ def _activation_value(env, impl, data, bias, scale):
 
 
 def _activation_ir(dst, impl, data, bias, scale, cmd, rimpl, reduce_res):
+    if cmd == "load_reduce":
+        # The fp32 result in a temporary, stored, summed and folded into the registers.
+        y = _row_temp(data)
+        if y is None:
+            return None
+        return ("seq", {"parts": [_activation_ir(y, impl, data, bias, scale, "idle", None, None),
+                                  ("copy", {"dst": dst, "src": y})] +
+                        _register_parts(y, rimpl, reduce_cmd.load_reduce, reduce_res, "scalar")})
     return ("activation", {"dst": dst, "op": impl, "data": data, "bias": bias, "scale": scale, "cmd": cmd,
                            "reduce_op": rimpl, "reduce_res": reduce_res, "engine": "scalar"})
 
@@ -495,8 +510,16 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
         env.write(dst, y.reshape(dst.shape))
         _accumulate(env, "vector", cmd, rimpl, y, reduce_res,
                     0.0 if reduce_init is None else reduce_init, reduce_res_negate)
+    ir = None
+    y = _row_temp(data)
+    if y is not None:
+        ir = ("seq", {"parts": [
+            ("tensor_scalar", {"dst": y, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0,
+                               "op1": None, "operand1": None, "reverse1": False}),
+            ("copy", {"dst": dst, "src": y})] + _register_parts(
+                y, rimpl, cmd, reduce_res, "vector", 0.0 if reduce_init is None else reduce_init, reduce_res_negate)})
     _trace.record(instr, run, dst, data,
-                  *[t for t in (operand0, reduce_res, reduce_init) if isinstance(t, NkiTensor)])
+                  *[t for t in (operand0, reduce_res, reduce_init) if isinstance(t, NkiTensor)], ir=ir)
 
 
 def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0, name=None,
@@ -523,8 +546,16 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
         env.write(dst, y.reshape(dst.shape))
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res, reduce_init)
+    ir = None
+    y = _row_temp(src)
+    if y is not None:
+        ir = ("seq", {"parts": [
+            ("tensor_scalar", {"dst": y, "data": src, "op0": _OPS["subtract"], "operand0": max_value,
+                               "reverse0": False, "op1": None, "operand1": None, "reverse1": False}),
+            _activation_ir(y, _OPS["exp"], y, None, 1.0, "idle", None, None),
+            ("copy", {"dst": dst, "src": y})] + _register_parts(y, rimpl, cmd, reduce_res, "vector", reduce_init)})
     _trace.record(instr, run, dst, src,
-                  *[t for t in (max_value, reduce_res, reduce_init) if isinstance(t, NkiTensor)])
+                  *[t for t in (max_value, reduce_res, reduce_init) if isinstance(t, NkiTensor)], ir=ir)
 
 
 def reciprocal(dst, data, name=None, **kw):
@@ -584,6 +615,38 @@ def bn_aggr(dst, data, name=None, **kw):
 
 
 # -- native lowerings of the composite instructions ------------------------
+def _row_temp(data):
+    """An fp32 [P, F] temporary for ``data``'s fp32 result, when the
+    interpreter's result is laid out row-major (its reductions iterate that)."""
+    free = [(st, n) for st, n in zip(data.strides[1:], data.shape[1:]) if n > 1]
+    if not all(st > 0 for st, _n in free) or not all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:])):
+        return None
+    if data.shape[0] > 128:
+        return None
+    return _temp((data.shape[0], math.prod(data.shape[1:])))
+
+
+_REG_CMD = {"reduce": 2, "reset_reduce": 3, "reset": 4, "load_reduce": 5}
+
+
+def _register_parts(y, rimpl, cmd, reduce_res, engine, init=0.0, negate=False):
+    """The records of _accumulate after a [P, F] fp32 result ``y``: its row
+    reduction, then the register update and reduce_res."""
+    name = cmd.name
+    if name == "idle" and reduce_res is not None:
+        name = "reset_reduce"
+    if name == "idle":
+        return []
+    r = _temp((y.shape[0], 1))
+    parts = []
+    if name != "reset":
+        parts.append(("tensor_reduce", {"dst": r, "data": y, "op": rimpl, "axes": (1,), "negate": False}))
+    parts.append(("registers", {"dst": reduce_res if reduce_res is not None else r, "r": r, "cmd": _REG_CMD[name],
+                                "op": rimpl, "engine": engine, "res": reduce_res is not None, "negate": negate,
+                                "init": init}))
+    return parts
+
+
 # Sequences of executor records (nki/_native.py, "seq") through fp32 SBUF
 # temporaries: the interpreter's fp32 operations, in its order.
 def _temp(shape):
@@ -749,8 +812,18 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
         env.write(dst, y)
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res)
+    ir = None
+    y = _row_temp(on_true)
+    if y is not None and predicate.shape[0] == on_true.shape[0] == dst.shape[0]:
+        other = on_false if not isinstance(on_false, NkiTensor) else NkiTensor(
+            on_false.storage, y.shape, (on_false.strides[0], 0), on_false.offset, _check=False)
+        x_, y_ = (other, on_true) if reverse_pred else (on_true, other)
+        ir = ("seq", {"parts": [("select", {"dst": y, "cond": predicate, "x": x_, "y": y_}),
+                                ("copy", {"dst": dst, "src": y})] +
+                      (_register_parts(y, rimpl, cmd, reduce_res, "vector")
+                       if cmd.name != "idle" or reduce_res is not None else [])})
     _trace.record(instr, run, dst, predicate, on_true,
-                  *[t for t in (on_false, reduce_res) if isinstance(t, NkiTensor)])
+                  *[t for t in (on_false, reduce_res) if isinstance(t, NkiTensor)], ir=ir)
 
 
 def max8(dst, src, name=None, **kw):

@@ -333,6 +333,8 @@ def _reduction_ir(name, x, axes, out):
         # torch's CPU mean: the sum, then a division by the count (in fp32).
         s = _temp((x.shape[0], groups))
         return ("seq", {"parts": [_reduce_part(s, x, "add", axes), _scalar_part(out, s, "divide", m)]})
+    if name == "var":
+        return ("variance", {"dst": out, "data": x, "axes": axes})
     if name == "all":
         # (x != 0) as 1.0/0.0, then its minimum.
         t = _temp(x.shape)

@@ -482,12 +482,7 @@ NOT_INSTRUCTIONS = {
 # -- coverage -------------------------------------------------------------------------
 # Units the interpreter runs and the native executor refuses, with the reason.
 INTERPRETER = {
-    "nisa.scalar_tensor_tensor+reduce": "the accumulator-register reduction of scalar_tensor_tensor is not lowered",
-    "nisa.activation[load_reduce]": "load_reduce is not lowered",
-    "nisa.exponential": "trn3's Vector Engine exp with its registers is not lowered",
-    "nisa.tensor_scalar_reduce": "not lowered (registers with multiply/max/min, reduce_init, negate)",
     "nisa.tensor_partition_reduce": "not lowered (a reduction across partitions)",
-    "nisa.select_reduce": "not lowered",
     "nisa.max8": "not lowered (torch.topk)",
     "nisa.nc_find_index8": "not lowered",
     "nisa.dropout": "draws from torch's CPU generator",
@@ -495,7 +490,6 @@ INTERPRETER = {
     "nl.dropout": "draws from torch's CPU generator",
     "nl.device_print": "prints from the host",
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
-    "nl.var": "torch's two-pass variance: not lowered",
     "nl.prod": "product reductions are not lowered",
 }
 for _op in BITVEC:
@@ -522,7 +516,9 @@ def _native_expected(name, dtype):
 
 # maximum/minimum of +0 and -0: torch returns either zero, by position (its
 # vectorised loop returns the second operand, its scalar tail the first).
-SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")}
+# (The same for the units whose register reduction is a maximum.)
+SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")} | {
+    "nisa.tensor_scalar_reduce", "nisa.scalar_tensor_tensor+reduce", "nisa.select_reduce"}
 
 
 def _fp8_to_int(name, dtype):

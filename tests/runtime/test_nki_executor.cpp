@@ -385,3 +385,31 @@ TEST(NkiExecutor, SelectIotaScanRecords) {
   bad2.add({nk::OP_SEL, 0, 0, 4, -1}, {rows(2, P, F), rows(0, P, F)});
   EXPECT_THROW(nk::Program(bad2.words, bad2.imms, bufs, 64, "bad2"), neuronrt::Error);
 }
+
+// OP_REG (the register update of a reducing instruction) and OP_VAR (torch's
+// Welford variance). Buffers: 0 r [P, 1], 1 res [P, 1], 2 x [P, F], 3 var [P, 1].
+TEST(NkiExecutor, RegisterAndVarianceRecords) {
+  const int64_t P = 4, F = 9;
+  Table t;
+  t.add({nk::OP_REG, 0, 0, 3, nk::A_MAX, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});  // reset_reduce: regs = r
+  t.add({nk::OP_REG, 0, 0, 2, nk::A_MAX, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});  // reduce: max(regs, r)
+  t.add({nk::OP_REG, 0, 0, 5, nk::A_ADD, 0, 1, 1, -1}, {rows(1, P, 1), rows(0, P, 1)}, 2.5);  // -(2.5 + r)
+  t.add({nk::OP_VAR, 0, 0, F}, {rows(3, P, 1), rows(2, P, F)});
+  std::vector<nk::Buffer> bufs = {{nk::F32, P, -1}, {nk::F32, P, -1}, {nk::F32, P * F, -1}, {nk::F32, P, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "reg_var");
+  std::vector<float> r = {1.0f, -2.0f, 0.25f, 8.0f}, res(P), x = input(P * F), var(P);
+  nk::execute(prog, {r.data(), res.data(), x.data(), var.data()}, 2);
+  for (int64_t p = 0; p < P; ++p) {
+    EXPECT_EQ(res[p], -(0.0f + ((0.0f + 2.5f) + r[p]))) << p;
+    double mean = 0, m2 = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      const double v = x[p * F + f], d = v - mean;
+      mean += d / double(f + 1);
+      m2 += d * (v - mean);
+    }
+    EXPECT_EQ(var[p], float(m2 / F)) << p;
+  }
+  Table bad;
+  bad.add({nk::OP_REG, 0, 0, 7, nk::A_ADD, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, bufs, 64, "bad"), neuronrt::Error);
+}

@@ -215,6 +215,19 @@ void Program::check_record(int64_t i) const {
       operand(w[7], false);
       same_rows(view(i, 2));
       break;
+    case OP_REG:
+      // w[3] cmd (2 reduce, 3 reset_reduce, 4 reset, 5 load_reduce), w[4] op, w[5] engine,
+      // w[6] writes reduce_res (view 0), w[7] negates it, w[8] slot of load_reduce's base (-1: imm[0]).
+      if (w[3] < 2 || w[3] > 5) fail("unknown register command " + std::to_string(w[3]));
+      if (w[4] != A_ADD && w[4] != A_MAX && w[4] != A_MIN) fail("register reduction of an unsupported op");
+      if (w[5] != 0 && w[5] != 1) fail("unknown engine " + std::to_string(w[5]));
+      if ((w[6] != 0 && w[6] != 1) || (w[7] != 0 && w[7] != 1)) fail("register flags are not 0 or 1");
+      operand(w[8], false);
+      if (n != 1) fail("the register reduction is not [P, 1]");
+      break;
+    case OP_VAR:
+      if (w[3] < 1 || n % w[3] != 0 || dn != n / w[3]) fail("variance groups do not divide the row");
+      return;
     case OP_TRED:
       if (w[3] != A_ADD && w[3] != A_MAX && w[3] != A_MIN) fail("tensor_reduce of an unsupported op");
       if (w[4] < 1 || n % w[4] != 0 || dn != n / w[4]) fail("tensor_reduce groups do not divide the row");

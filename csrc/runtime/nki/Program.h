@@ -52,6 +52,8 @@ enum Opcode : int64_t {
   OP_SEL = 9,   // dst = cond != 0 ? x : y (x, y: elementwise views or immediates; NaN is true)
   OP_IOTA = 10, // dst[p, i...] = fp32(offset + p * multiplier + sum(i_k * step_k)), in double
   OP_SCAN = 11, // per row: r = op1(op0(data0[i], r), data1[i]), r starts at the initial operand
+  OP_REG = 12,  // accumulator registers <- a [P, 1] reduction (reduce_cmd), then (-)registers -> reduce_res
+  OP_VAR = 13,  // population variance of each group of w[3] trailing elements (torch's Welford, in double)
   kNumOpcodes
 };
 
