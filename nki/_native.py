@@ -37,7 +37,9 @@ MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
 (OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN,
- OP_REG, OP_VAR) = range(14)
+ OP_REG, OP_VAR, OP_BITS) = range(15)
+# Bitvector ops of OP_BITS (Program.h BitOp): integer rows computed in int64, as the interpreter does.
+_BIT = {"bitwise_and": 0, "bitwise_or": 1, "bitwise_xor": 2, "left_shift": 3, "right_shift": 4}
 # Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
 # and store back with torch's conversions (rounding, saturation, wrapping).
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4,
@@ -226,6 +228,8 @@ def _lower_instr(low, ins, ir, dead):
         return _lower_scan(low, a, dead)
     if kind == "registers":
         return _lower_registers(low, a)
+    if kind == "bits":
+        return _lower_bits(low, a, dead)
     if kind == "variance":
         dst, data = a["dst"], a["data"]
         _rowwise_operands(dst, [])
@@ -373,6 +377,58 @@ def _lower_scan(low, a, dead):
         raise Unsupported("a scan whose initial value is in its destination")
     low.emit(OP_SCAN, views, [int(dead), 0, _alu(a["op0"]), int(a["reverse0"]), _alu(a["op1"]), int(a["reverse1"]),
                               slot], (imm,))
+    return dst, views[1:]
+
+
+def _bit(impl):
+    if impl is None or impl.name not in _BIT:
+        raise Unsupported(f"op nl.{getattr(impl, 'name', None)} on integer rows")
+    return _BIT[impl.name]
+
+
+def _int_operand(x, views):
+    """A per-partition operand of a bitvector op: a tile, or a number as
+    torch.tensor(x, dtype=int64) makes it (truncated)."""
+    if _is_tensor(x):
+        views.append(x)
+        return len(views) - 1, 0.0
+    v = int(x)
+    if abs(v) >= 2 ** 53:
+        raise Unsupported("a bitvector immediate past 2^53")
+    return -1, float(v)
+
+
+def _lower_bits(low, a, dead):
+    """Bitvector ops (tensor_tensor, tensor_scalar, the and/or reductions,
+    nl.bitwise_*, shifts): integer rows in int64, stored with copy_'s
+    wrapping. Integer tiles only (the interpreter's env.ints truncates floats)."""
+    dst, data, form = a["dst"], a["data"], a["form"]
+    views, imms = [dst, data], [0.0, 0.0]
+    header = [int(dead), 0, form, _bit(a["op0"])]
+    if form == 0:
+        views.append(a["data2"])
+        _rowwise_operands(dst, views[1:])
+        header += [0, -1, -1, 0, -1, 0]
+    elif form == 1:
+        _rowwise_operands(dst, [data])
+        s0, imms[0] = _int_operand(a["operand0"], views)
+        header += [int(a["reverse0"]), s0]
+        if a["op1"] is not None:
+            s1, imms[1] = _int_operand(a["operand1"], views)
+            header += [_bit(a["op1"]), int(a["reverse1"]), s1, 0]
+        else:
+            header += [-1, 0, -1, 0]
+    else:
+        if a["negate"]:
+            raise Unsupported("a negated bitvector reduction")
+        if data.shape[0] != dst.shape[0] or dst.storage.id == data.storage.id or dst.shape[0] > 128:
+            raise Unsupported("a bitvector reduction into its input")
+        header += [0, -1, -1, 0, -1, _trailing_group(data, a["axes"])]
+    if any(low.dtypes[v.storage.id].is_floating_point for v in views):
+        raise Unsupported("a bitvector op on a float tile")
+    if form == 1 and any(v.storage.id == dst.storage.id for v in views[2:]):
+        raise Unsupported("a per-partition operand in the destination")
+    low.emit(OP_BITS, views, header, imms)
     return dst, views[1:]
 
 

@@ -222,7 +222,8 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kw):
         a, b = (env.ints(data1), env.ints(data2)) if ints else (env.f32(data1), env.f32(data2))
         env.write(dst, impl.compute(a, b))
     _trace.record(instr, run, dst, data1, data2,
-                  ir=None if ints else ("tensor_tensor", {"dst": dst, "data": data1, "data2": data2, "op": impl}))
+                  ir=("bits", {"dst": dst, "data": data1, "data2": data2, "form": 0, "op0": impl}) if ints else
+                  ("tensor_tensor", {"dst": dst, "data": data1, "data2": data2, "op": impl}))
 
 
 def _apply(impl, x, s, reverse):
@@ -256,9 +257,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if i1 is not None:
             r = _apply(i1, r, env.scalar(operand1, x.ndim, ints), reverse1)
         env.write(dst, r.reshape(dst.shape))
-    ir = None if i0.kind == "bitvec" else ("tensor_scalar", {
+    ir = ("bits" if i0.kind == "bitvec" else "tensor_scalar", {
         "dst": dst, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0, "op1": i1,
-        "operand1": operand1, "reverse1": reverse1})
+        "operand1": operand1, "reverse1": reverse1, "form": 1})
     _trace.record(instr, run, dst, data, *[o for o in (operand0, operand1) if isinstance(o, NkiTensor)], ir=ir)
 
 
@@ -365,7 +366,9 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         x = env.ints(data) if impl.kind == "bitvec" else env.f32(data)
         r = _reduce_fn(impl, x, axes, keepdims)
         env.write(dst, (-r if negate else r).reshape(dst.shape))
-    _trace.record(instr, run, dst, data, ir=None if impl.kind == "bitvec" else (
+    _trace.record(instr, run, dst, data, ir=("bits", {
+        "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
+        if impl.kind == "bitvec" else (
         "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
 
 

@@ -174,9 +174,19 @@ def _per_partition(t, shape):
 def _elementwise_ir(impl, args, out, shape):
     """The engine instruction an elementwise op amounts to, for the native
     executor (nki/_native.py): an activation (unary ops), a tensor_scalar (a
-    number or a [P, 1] operand) or a tensor_tensor. Bitvector ops have none."""
+    number or a [P, 1] operand) or a tensor_tensor; bitvector ops the same
+    forms of OP_BITS (integer rows)."""
     if impl.kind == "bitvec":
-        return None
+        ir = _arith_ir(impl, args, out, shape) if impl.arity == 2 else None
+        if ir is None:
+            return None
+        if ir[0] == "tensor_tensor":
+            return ("bits", {"dst": out, "data": ir[1]["data"], "data2": ir[1]["data2"], "form": 0, "op0": impl})
+        return ("bits", dict(ir[1], form=1))
+    return _arith_ir(impl, args, out, shape)
+
+
+def _arith_ir(impl, args, out, shape):
     if impl.arity == 1:
         return ("activation", {"dst": out, "op": impl, "data": _expanded(args[0], shape), "bias": None,
                                "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None,

@@ -492,13 +492,6 @@ INTERPRETER = {
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
     "nl.prod": "product reductions are not lowered",
 }
-for _op in BITVEC:
-    INTERPRETER[f"nl.{_op}"] = "bitvector ops compute in int64 on the interpreter"
-for _op in BITVEC:
-    for _i in ("tensor_tensor", "tensor_scalar"):
-        INTERPRETER[f"nisa.{_i}[{_op}]"] = "bitvector ops compute in int64 on the interpreter"
-    if _op in REDUCING:
-        INTERPRETER[f"nisa.tensor_reduce[{_op}]"] = "bitvector reductions compute in int64 on the interpreter"
 for _op in ("power",):
     INTERPRETER[f"nl.{_op}"] = "torch's pow (Sleef's powf and its special exponents) is not lowered"
     for _i in ("tensor_tensor", "tensor_scalar", "scalar_tensor_tensor"):

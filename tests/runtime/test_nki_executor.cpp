@@ -413,3 +413,29 @@ TEST(NkiExecutor, RegisterAndVarianceRecords) {
   bad.add({nk::OP_REG, 0, 0, 7, nk::A_ADD, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});
   EXPECT_THROW(nk::Program(bad.words, bad.imms, bufs, 64, "bad"), neuronrt::Error);
 }
+
+// OP_BITS: int64 bitvector ops on integer rows, stored with wrapping.
+// Buffers: 0 a int32, 1 b int8, 2 out int8, 3 and-reduction int16 [P, 1].
+TEST(NkiExecutor, BitvectorRecords) {
+  const int64_t P = 2, F = 4;
+  Table t;
+  t.add({nk::OP_BITS, 0, 0, 0, nk::B_SHL, 0, -1, -1, 0, -1, 0}, {rows(2, P, F), rows(0, P, F), rows(1, P, F)});
+  t.add({nk::OP_BITS, 0, 0, 2, nk::B_AND, 0, -1, -1, 0, -1, F}, {rows(3, P, 1), rows(0, P, F)});
+  std::vector<nk::Buffer> bufs = {{nk::I32, P * F, -1}, {nk::I8, P * F, -1}, {nk::I8, P * F, -1}, {nk::I16, P, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "bits");
+  std::vector<int32_t> a = {3, -1, 1 << 30, 7, 0x7fff, 0x3ff0, 0x1ff0, -2};
+  std::vector<int8_t> b = {1, 70, 2, -1, 4, 0, 63, 3}, out(P * F);
+  std::vector<int16_t> red(P);
+  nk::execute(prog, {a.data(), b.data(), out.data(), red.data()}, 1);
+  for (int64_t i = 0; i < P * F; ++i) {
+    const int64_t s = b[i], x = a[i];
+    const int64_t want = (s < 0 || s >= 64) ? 0 : int64_t(uint64_t(x) << s);
+    EXPECT_EQ(out[i], int8_t(want)) << i;
+  }
+  EXPECT_EQ(red[0], int16_t(3 & -1 & (1 << 30) & 7));
+  EXPECT_EQ(red[1], int16_t(0x7fff & 0x3ff0 & 0x1ff0 & -2));
+  Table bad;  // a bitvector op on a float buffer
+  bad.add({nk::OP_BITS, 0, 0, 0, nk::B_AND, 0, -1, -1, 0, -1, 0}, {rows(0, P, F), rows(0, P, F), rows(0, P, F)});
+  std::vector<nk::Buffer> fbufs = {{nk::F32, P * F, -1}};
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, fbufs, 64, "bad"), neuronrt::Error);
+}

@@ -225,6 +225,30 @@ void Program::check_record(int64_t i) const {
       operand(w[8], false);
       if (n != 1) fail("the register reduction is not [P, 1]");
       break;
+    case OP_BITS: {
+      // w[3] form (0 tensor_tensor, 1 tensor_scalar, 2 reduce), w[4] op0, w[5] reverse0, w[6] slot0
+      // (-1: imm[0]), w[7] op1 (-1: none), w[8] reverse1, w[9] slot1, w[10] elements per reduction.
+      for (int k = 0; k < kMaxViews; ++k)
+        if (view(i, k).ndim > 0 && !is_integral(dtypes_[view(i, k).buf])) fail("a bitvector op on a non-integer buffer");
+      auto bop = [&](int64_t op) { if (op < 0 || op >= kNumBitOps) fail("unknown bitvector op " + std::to_string(op)); };
+      bop(w[4]);
+      if (w[3] == 0) {
+        same_rows(view(i, 2));
+      } else if (w[3] == 1) {
+        operand(w[6], false);
+        if (w[7] != -1) {
+          bop(w[7]);
+          operand(w[9], false);
+        }
+      } else if (w[3] == 2) {
+        if (w[4] != B_AND && w[4] != B_OR) fail("a bitvector reduction other than and/or");
+        if (w[10] < 1 || n % w[10] != 0 || dn != n / w[10]) fail("reduction groups do not divide the row");
+        return;
+      } else {
+        fail("unknown bitvector form " + std::to_string(w[3]));
+      }
+      break;
+    }
     case OP_VAR:
       if (w[3] < 1 || n % w[3] != 0 || dn != n / w[3]) fail("variance groups do not divide the row");
       return;
