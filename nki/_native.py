@@ -23,6 +23,7 @@ is not stored."""
 import math
 import os
 import platform
+import struct
 
 import numpy as np
 
@@ -35,7 +36,10 @@ from ._tensor import NkiTensor, _contiguous_strides
 MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
-OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM = range(9)
+(OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN,
+ OP_REG, OP_VAR, OP_BITS) = range(15)
+# Bitvector ops of OP_BITS (Program.h BitOp): integer rows computed in int64, as the interpreter does.
+_BIT = {"bitwise_and": 0, "bitwise_or": 1, "bitwise_xor": 2, "left_shift": 3, "right_shift": 4}
 # Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
 # and store back with torch's conversions (rounding, saturation, wrapping).
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4,
@@ -216,6 +220,25 @@ def _lower_instr(low, ins, ir, dead):
             raise Unsupported(f"memset: {e}") from None
         low.emit(OP_FILL, [dst], imms=(float(v.item() if not v.dtype.is_floating_point else v.float().item()),))
         return dst, []
+    if kind == "iota":
+        return _lower_iota(low, a)
+    if kind == "select":
+        return _lower_select(low, a, dead)
+    if kind == "scan":
+        return _lower_scan(low, a, dead)
+    if kind == "registers":
+        return _lower_registers(low, a)
+    if kind == "bits":
+        return _lower_bits(low, a, dead)
+    if kind == "variance":
+        dst, data = a["dst"], a["data"]
+        _rowwise_operands(dst, [])
+        if data.shape[0] != dst.shape[0] or dst.storage.id == data.storage.id:
+            raise Unsupported("a variance into its own input")
+        m = _trailing_group(data, a["axes"])
+        _check_sum(data, m)
+        low.emit(OP_VAR, [dst, data], [int(dead), 0, m])
+        return dst, [data]
     dst, data = a["dst"], a["data"]
     if data.shape[0] != dst.shape[0] or data.shape[0] > 128:
         raise Unsupported("partition mismatch")
@@ -269,15 +292,7 @@ def _lower_instr(low, ins, ir, dead):
         op = a["op"]
         if op.name not in ("add", "maximum", "minimum"):
             raise Unsupported(f"tensor_reduce nl.{op.name}")
-        axes = a["axes"]
-        m = math.prod(data.shape[d] for d in axes)
-        # The interpreter sums contiguous runs in torch's order; other layouts fall back.
-        inner = [(data.strides[d], data.shape[d]) for d in axes if data.shape[d] > 1]
-        expect = 1
-        for s, n in reversed(inner):
-            if s != expect:
-                raise Unsupported("tensor_reduce over non-contiguous axes")
-            expect *= n
+        m = _trailing_group(data, a["axes"])
         if op.name == "add":
             _check_sum(data, m)
         header = [_alu(op), m, int(a["negate"])]
@@ -298,6 +313,152 @@ def _lower_instr(low, ins, ir, dead):
     if kind == "activation" and a["reduce_res"] is not None:
         low.access[-1][0].append(a["reduce_res"])
     return dst, views[1:]
+
+
+def _f32(x):
+    return float(torch.tensor(float(x), dtype=torch.float32))
+
+
+def _rowwise_operands(dst, views):
+    """Operands read element by element at dst's positions (each row is read
+    whole before it is stored: in place only as the same view)."""
+    P = dst.shape[0]
+    if P > 128 or any(v.shape[0] != P or v.size // max(P, 1) != dst.size // max(P, 1) for v in views):
+        raise Unsupported("partition mismatch")
+    if any(v.storage.id == dst.storage.id and not _same_view(v, dst) for v in views):
+        raise Unsupported("a destination overlapping a source")
+
+
+def _lower_iota(low, a):
+    """GpSimd iota (and affine_select's affine values): the interpreter's
+    float64 sum, term by term, rounded to fp32 (exact: integer steps)."""
+    dst, pattern = a["dst"], a["pattern"]
+    if len(pattern) > 4 or dst.shape[0] > 128:
+        raise Unsupported("an iota pattern of more than 4 terms")
+    nums = (a["offset"], a["channel_multiplier"]) + tuple(s for s, _n in pattern)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in nums):
+        raise Unsupported("an iota pattern of non-numbers")
+    counts = [int(n) for _s, n in pattern]
+    steps = [struct.unpack("<q", struct.pack("<d", float(s)))[0] for s, _n in pattern]
+    pad = [0] * (4 - len(pattern))
+    low.emit(OP_IOTA, [dst], [0, 0, len(pattern)] + counts + pad + steps + pad,
+             (float(a["offset"]), float(a["channel_multiplier"])))
+    return dst, []
+
+
+def _lower_select(low, a, dead):
+    """``dst = cond != 0 ? x : y`` (nl.where, affine_select): x and y are
+    elementwise views or numbers (what torch.where gives them in fp32)."""
+    dst, cond = a["dst"], a["cond"]
+    views, slots, imms = [dst, cond], [], [0.0, 0.0]
+    for i, key in enumerate(("x", "y")):
+        v = a[key]
+        if _is_tensor(v):
+            views.append(v)
+            slots.append(len(views) - 1)
+        else:
+            slots.append(-1)
+            imms[i] = _f32(v)
+    if not any(_is_tensor(a[k]) for k in ("x", "y")) and not all(
+            isinstance(a[k], float) or _f32(a[k]) == a[k] for k in ("x", "y")):
+        raise Unsupported("a select of two integers (int64 on the interpreter) not exact in fp32")
+    _rowwise_operands(dst, views[1:])
+    low.emit(OP_SEL, views, [int(dead), 0] + slots, imms)
+    return dst, views[1:]
+
+
+def _lower_scan(low, a, dead):
+    """tensor_tensor_scan: one sequential recurrence per partition row."""
+    dst = a["dst"]
+    views = [dst, a["data0"], a["data1"]]
+    _rowwise_operands(dst, views[1:])
+    slot, imm = _operand(low, a["initial"], views)
+    if slot >= 0 and (views[slot].storage.id == dst.storage.id):
+        raise Unsupported("a scan whose initial value is in its destination")
+    low.emit(OP_SCAN, views, [int(dead), 0, _alu(a["op0"]), int(a["reverse0"]), _alu(a["op1"]), int(a["reverse1"]),
+                              slot], (imm,))
+    return dst, views[1:]
+
+
+def _bit(impl):
+    if impl is None or impl.name not in _BIT:
+        raise Unsupported(f"op nl.{getattr(impl, 'name', None)} on integer rows")
+    return _BIT[impl.name]
+
+
+def _int_operand(x, views):
+    """A per-partition operand of a bitvector op: a tile, or a number as
+    torch.tensor(x, dtype=int64) makes it (truncated)."""
+    if _is_tensor(x):
+        views.append(x)
+        return len(views) - 1, 0.0
+    v = int(x)
+    if abs(v) >= 2 ** 53:
+        raise Unsupported("a bitvector immediate past 2^53")
+    return -1, float(v)
+
+
+def _lower_bits(low, a, dead):
+    """Bitvector ops (tensor_tensor, tensor_scalar, the and/or reductions,
+    nl.bitwise_*, shifts): integer rows in int64, stored with copy_'s
+    wrapping. Integer tiles only (the interpreter's env.ints truncates floats)."""
+    dst, data, form = a["dst"], a["data"], a["form"]
+    views, imms = [dst, data], [0.0, 0.0]
+    header = [int(dead), 0, form, _bit(a["op0"])]
+    if form == 0:
+        views.append(a["data2"])
+        _rowwise_operands(dst, views[1:])
+        header += [0, -1, -1, 0, -1, 0]
+    elif form == 1:
+        _rowwise_operands(dst, [data])
+        s0, imms[0] = _int_operand(a["operand0"], views)
+        header += [int(a["reverse0"]), s0]
+        if a["op1"] is not None:
+            s1, imms[1] = _int_operand(a["operand1"], views)
+            header += [_bit(a["op1"]), int(a["reverse1"]), s1, 0]
+        else:
+            header += [-1, 0, -1, 0]
+    else:
+        if a["negate"]:
+            raise Unsupported("a negated bitvector reduction")
+        if data.shape[0] != dst.shape[0] or dst.storage.id == data.storage.id or dst.shape[0] > 128:
+            raise Unsupported("a bitvector reduction into its input")
+        header += [0, -1, -1, 0, -1, _trailing_group(data, a["axes"])]
+    if any(low.dtypes[v.storage.id].is_floating_point for v in views):
+        raise Unsupported("a bitvector op on a float tile")
+    if form == 1 and any(v.storage.id == dst.storage.id for v in views[2:]):
+        raise Unsupported("a per-partition operand in the destination")
+    low.emit(OP_BITS, views, header, imms)
+    return dst, views[1:]
+
+
+def _lower_registers(low, a):
+    """The accumulator-register update of a reducing instruction (nki/isa.py
+    _accumulate) from its row reductions ([P, 1], already computed), and
+    reduce_res."""
+    dst, r = a["dst"], a["r"]
+    if a["op"].name not in ("add", "maximum", "minimum"):
+        raise Unsupported(f"a register reduction with nl.{a['op'].name}")
+    if dst.shape[0] != r.shape[0] or r.shape[0] > 128:
+        raise Unsupported("partition mismatch")
+    views = [dst, r]
+    slot, imm = _operand(low, a["init"], views)
+    low.emit(OP_REG, views, [0, 0, a["cmd"], _alu(a["op"]), _ENGINE[a["engine"]], int(a["res"]), int(a["negate"]),
+                             slot], (imm,))
+    return dst, views[1:]
+
+
+def _trailing_group(data, axes):
+    """Elements per reduction over trailing ``axes``: the interpreter reduces
+    contiguous runs in torch's order; other layouts fall back."""
+    m = math.prod(data.shape[d] for d in axes)
+    inner = [(data.strides[d], data.shape[d]) for d in axes if data.shape[d] > 1]
+    expect = 1
+    for s, n in reversed(inner):
+        if s != expect:
+            raise Unsupported("tensor_reduce over non-contiguous axes")
+        expect *= n
+    return m
 
 
 def _check_sum(data, m=None):
@@ -369,8 +530,9 @@ def _forward(instrs, first, last, bound, dtypes):
                 continue
         f = first.get(s)
         # (Only into a kernel argument or output: their memory exists from the start.)
+        # (Not a tile another tile reads in place: substitutions do not chain.)
         if s not in bound and d in bound and last[s] == k and _whole(src) and dst.is_contiguous() and \
-                f is not None and f < k:
+                f is not None and f < k and not any(t[0].id == s for t in subst.values()):
             fw = instrs[f].ir[1]["dst"]
             span = (dst.offset, dst.offset + dst.size - 1)
             if fw.storage.id == s and _whole(fw) and not any(v.storage.id == s for v in rw[f][1]) and not any(
@@ -394,10 +556,33 @@ def _mapped(ir, subst):
     return kind, {k: m(v) for k, v in a.items()}
 
 
+class _Part:
+    """One executor record's worth of an instruction that lowers to several
+    (``("seq", {"parts": [ir, ...]})``): the lowering sees each as its own
+    instruction, so lifetimes, DMA elision and NaN fills work per record.
+    The parts pass values through fp32 temporaries the instruction allocated
+    while tracing (storages no interpreter instruction touches)."""
+    __slots__ = ("name", "tensors", "ir")
+
+    def __init__(self, name, ir):
+        self.name, self.ir = name, ir
+        self.tensors = tuple(_writes(ir)) + tuple(_reads(ir))
+
+
+def _expand(instrs):
+    out = []
+    for ins in instrs:
+        if ins.ir is not None and ins.ir[0] == "seq":
+            out.extend(_Part(ins.name, ir) for ir in ins.ir[1]["parts"])
+        else:
+            out.append(ins)
+    return out
+
+
 class NativeProgram:
     def __init__(self, program, precise):
         low = _Lowering(program, precise)
-        instrs = program.instrs
+        instrs = _expand(program.instrs)
         for ins in instrs:
             if ins.ir is None:
                 raise Unsupported(ins.name)

@@ -9,7 +9,7 @@ import torch
 from . import _checks, _dtypes, _target, _trace
 from ._errors import fail
 from ._ops import reduce as _reduce_fn
-from ._tensor import NkiTensor
+from ._tensor import NkiTensor, sbuf as _sbuf
 
 
 class _Enum:
@@ -222,7 +222,8 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kw):
         a, b = (env.ints(data1), env.ints(data2)) if ints else (env.f32(data1), env.f32(data2))
         env.write(dst, impl.compute(a, b))
     _trace.record(instr, run, dst, data1, data2,
-                  ir=None if ints else ("tensor_tensor", {"dst": dst, "data": data1, "data2": data2, "op": impl}))
+                  ir=("bits", {"dst": dst, "data": data1, "data2": data2, "form": 0, "op0": impl}) if ints else
+                  ("tensor_tensor", {"dst": dst, "data": data1, "data2": data2, "op": impl}))
 
 
 def _apply(impl, x, s, reverse):
@@ -256,9 +257,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if i1 is not None:
             r = _apply(i1, r, env.scalar(operand1, x.ndim, ints), reverse1)
         env.write(dst, r.reshape(dst.shape))
-    ir = None if i0.kind == "bitvec" else ("tensor_scalar", {
+    ir = ("bits" if i0.kind == "bitvec" else "tensor_scalar", {
         "dst": dst, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0, "op1": i1,
-        "operand1": operand1, "reverse1": reverse1})
+        "operand1": operand1, "reverse1": reverse1, "form": 1})
     _trace.record(instr, run, dst, data, *[o for o in (operand0, operand1) if isinstance(o, NkiTensor)], ir=ir)
 
 
@@ -291,11 +292,18 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
         env.write(dst, r.reshape(dst.shape))
         if rimpl is not None:
             _accumulate(env, "vector", cmd, rimpl, r, reduce_res)
+    def stt(out):
+        return ("scalar_tensor_tensor", {"dst": out, "data": data, "op0": i0, "operand0": operand0,
+                                         "reverse0": reverse0, "op1": i1, "operand1": operand1,
+                                         "reverse1": reverse1, "reduce": False})
+    ir = stt(dst)
+    if rimpl is not None:
+        # Natively: the fp32 result in a temporary, stored, reduced into the registers.
+        y = _row_temp(data)
+        ir = None if y is None else ("seq", {"parts": [stt(y), ("copy", {"dst": dst, "src": y})] +
+                                             _register_parts(y, rimpl, cmd, reduce_res, "vector")})
     _trace.record(instr, run, dst, data, operand1,
-                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)],
-                  ir=("scalar_tensor_tensor", {"dst": dst, "data": data, "op0": i0, "operand0": operand0,
-                                               "reverse0": reverse0, "op1": i1, "operand1": operand1,
-                                               "reverse1": reverse1, "reduce": rimpl is not None}))
+                  *[o for o in (operand0, reduce_res) if isinstance(o, NkiTensor)], ir=ir)
 
 
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, **kw):
@@ -328,7 +336,9 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
             prev = _apply(i1, x, b[:, i], reverse1)
             out[:, i] = prev
         env.write(dst, out.reshape(dst.shape))
-    _trace.record(instr, run, dst, data0, data1, *[t for t in (initial,) if isinstance(t, NkiTensor)])
+    _trace.record(instr, run, dst, data0, data1, *[t for t in (initial,) if isinstance(t, NkiTensor)],
+                  ir=("scan", {"dst": dst, "data0": data0, "data1": data1, "initial": initial, "op0": i0, "op1": i1,
+                               "reverse0": reverse0, "reverse1": reverse1}))
 
 
 def _reduced_shape(shape, axes, keepdims):
@@ -356,7 +366,9 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         x = env.ints(data) if impl.kind == "bitvec" else env.f32(data)
         r = _reduce_fn(impl, x, axes, keepdims)
         env.write(dst, (-r if negate else r).reshape(dst.shape))
-    _trace.record(instr, run, dst, data, ir=None if impl.kind == "bitvec" else (
+    _trace.record(instr, run, dst, data, ir=("bits", {
+        "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
+        if impl.kind == "bitvec" else (
         "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
 
 
@@ -380,6 +392,14 @@ def _activation_value(env, impl, data, bias, scale):
 
 
 def _activation_ir(dst, impl, data, bias, scale, cmd, rimpl, reduce_res):
+    if cmd == "load_reduce":
+        # The fp32 result in a temporary, stored, summed and folded into the registers.
+        y = _row_temp(data)
+        if y is None:
+            return None
+        return ("seq", {"parts": [_activation_ir(y, impl, data, bias, scale, "idle", None, None),
+                                  ("copy", {"dst": dst, "src": y})] +
+                        _register_parts(y, rimpl, reduce_cmd.load_reduce, reduce_res, "scalar")})
     return ("activation", {"dst": dst, "op": impl, "data": data, "bias": bias, "scale": scale, "cmd": cmd,
                            "reduce_op": rimpl, "reduce_res": reduce_res, "engine": "scalar"})
 
@@ -493,8 +513,16 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
         env.write(dst, y.reshape(dst.shape))
         _accumulate(env, "vector", cmd, rimpl, y, reduce_res,
                     0.0 if reduce_init is None else reduce_init, reduce_res_negate)
+    ir = None
+    y = _row_temp(data)
+    if y is not None:
+        ir = ("seq", {"parts": [
+            ("tensor_scalar", {"dst": y, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0,
+                               "op1": None, "operand1": None, "reverse1": False}),
+            ("copy", {"dst": dst, "src": y})] + _register_parts(
+                y, rimpl, cmd, reduce_res, "vector", 0.0 if reduce_init is None else reduce_init, reduce_res_negate)})
     _trace.record(instr, run, dst, data,
-                  *[t for t in (operand0, reduce_res, reduce_init) if isinstance(t, NkiTensor)])
+                  *[t for t in (operand0, reduce_res, reduce_init) if isinstance(t, NkiTensor)], ir=ir)
 
 
 def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0, name=None,
@@ -521,8 +549,16 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
         env.write(dst, y.reshape(dst.shape))
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res, reduce_init)
+    ir = None
+    y = _row_temp(src)
+    if y is not None:
+        ir = ("seq", {"parts": [
+            ("tensor_scalar", {"dst": y, "data": src, "op0": _OPS["subtract"], "operand0": max_value,
+                               "reverse0": False, "op1": None, "operand1": None, "reverse1": False}),
+            _activation_ir(y, _OPS["exp"], y, None, 1.0, "idle", None, None),
+            ("copy", {"dst": dst, "src": y})] + _register_parts(y, rimpl, cmd, reduce_res, "vector", reduce_init)})
     _trace.record(instr, run, dst, src,
-                  *[t for t in (max_value, reduce_res, reduce_init) if isinstance(t, NkiTensor)])
+                  *[t for t in (max_value, reduce_res, reduce_init) if isinstance(t, NkiTensor)], ir=ir)
 
 
 def reciprocal(dst, data, name=None, **kw):
@@ -557,7 +593,7 @@ def bn_stats(dst, data, name=None, **kw):
         out = torch.zeros(x.shape[0], _BN_SLOTS)
         out[:, 0], out[:, 1], out[:, 2] = n, mean, m2
         env.write(dst, out.reshape(dst.shape))
-    _trace.record(instr, run, dst, data)
+    _trace.record(instr, run, dst, data, ir=_bn_stats_ir(dst, data))
 
 
 def bn_aggr(dst, data, name=None, **kw):
@@ -578,7 +614,97 @@ def bn_aggr(dst, data, name=None, **kw):
         mu = (n * mean).sum(dim=1) / total
         m2_all = (m2 + n * (mean - mu[:, None]) ** 2).sum(dim=1)
         env.write(dst, torch.stack([mu, m2_all / total], dim=1).reshape(dst.shape))
-    _trace.record(instr, run, dst, data)
+    _trace.record(instr, run, dst, data, ir=_bn_aggr_ir(dst, data))
+
+
+# -- native lowerings of the composite instructions ------------------------
+def _row_temp(data):
+    """An fp32 [P, F] temporary for ``data``'s fp32 result, when the
+    interpreter's result is laid out row-major (its reductions iterate that)."""
+    free = [(st, n) for st, n in zip(data.strides[1:], data.shape[1:]) if n > 1]
+    if not all(st > 0 for st, _n in free) or not all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:])):
+        return None
+    if data.shape[0] > 128:
+        return None
+    return _temp((data.shape[0], math.prod(data.shape[1:])))
+
+
+_REG_CMD = {"reduce": 2, "reset_reduce": 3, "reset": 4, "load_reduce": 5}
+
+
+def _register_parts(y, rimpl, cmd, reduce_res, engine, init=0.0, negate=False):
+    """The records of _accumulate after a [P, F] fp32 result ``y``: its row
+    reduction, then the register update and reduce_res."""
+    name = cmd.name
+    if name == "idle" and reduce_res is not None:
+        name = "reset_reduce"
+    if name == "idle":
+        return []
+    r = _temp((y.shape[0], 1))
+    parts = []
+    if name != "reset":
+        parts.append(("tensor_reduce", {"dst": r, "data": y, "op": rimpl, "axes": (1,), "negate": False}))
+    parts.append(("registers", {"dst": reduce_res if reduce_res is not None else r, "r": r, "cmd": _REG_CMD[name],
+                                "op": rimpl, "engine": engine, "res": reduce_res is not None, "negate": negate,
+                                "init": init}))
+    return parts
+
+
+# Sequences of executor records (nki/_native.py, "seq") through fp32 SBUF
+# temporaries: the interpreter's fp32 operations, in its order.
+def _temp(shape):
+    shape = tuple(shape)
+    return NkiTensor(_trace.current().new_storage(_sbuf, torch.float32, shape, "tmp"), shape, _check=False)
+
+
+def _column(t, j, k=1, every=1):
+    """Columns j, j + every, ... (k of them) of a 2-D tile, as a [P, k] view."""
+    return NkiTensor(t.storage, (t.shape[0], k), (t.strides[0], every * t.strides[1]), t.offset + j * t.strides[1],
+                     _check=False)
+
+
+def _ts(dst, data, op0, operand0):
+    return ("tensor_scalar", {"dst": dst, "data": data, "op0": _OPS[op0], "operand0": operand0, "reverse0": False,
+                              "op1": None, "operand1": None, "reverse1": False})
+
+
+def _tt(dst, a, b, op):
+    return ("tensor_tensor", {"dst": dst, "data": a, "data2": b, "op": _OPS[op]})
+
+
+def _sum(dst, data, axes=(1,)):
+    return ("tensor_reduce", {"dst": dst, "data": data, "op": _OPS["add"], "axes": tuple(axes), "negate": False})
+
+
+def _bn_stats_ir(dst, data):
+    # mean: torch's sum, then / n; m2: ((x - mean) * (x - mean)).sum()  (** 2 is a product in torch).
+    if dst.ndim != 2 or dst.shape[0] > 128:
+        return None
+    P, F = data.shape[0], math.prod(data.shape[1:])
+    s, mean, d, m2 = _temp((P, 1)), _temp((P, 1)), _temp((P, F)), _temp((P, 1))
+    return ("seq", {"parts": [
+        _sum(s, data, range(1, data.ndim)), _ts(mean, s, "divide", F), _ts(d, data, "subtract", mean),
+        _tt(d, d, d, "multiply"), _sum(m2, d), ("memset", {"dst": dst, "value": 0}),
+        ("memset", {"dst": _column(dst, 0), "value": F}), ("copy", {"dst": _column(dst, 1), "src": mean}),
+        ("copy", {"dst": _column(dst, 2), "src": m2})]})
+
+
+def _bn_aggr_ir(dst, data):
+    # One bn_stats group per partition: the sums over groups are of one
+    # element (torch's order over several strided groups is not reproduced).
+    k = math.prod(data.shape[1:]) // _BN_SLOTS
+    if dst.ndim != 2 or data.ndim != 2 or k != 1 or dst.shape[0] > 128:
+        return None
+    P = data.shape[0]
+    n, mean, m2, total, nm, s1, mu, dv, e, q, var = (_temp((P, 1)) for _ in range(11))
+    return ("seq", {"parts": [
+        ("copy", {"dst": n, "src": _column(data, 0, k, _BN_SLOTS)}),
+        ("copy", {"dst": mean, "src": _column(data, 1, k, _BN_SLOTS)}),
+        ("copy", {"dst": m2, "src": _column(data, 2, k, _BN_SLOTS)}),
+        _sum(total, n), _tt(nm, n, mean, "multiply"), _sum(s1, nm), _ts(mu, s1, "divide", total),
+        _ts(dv, mean, "subtract", mu), _tt(dv, dv, dv, "multiply"), _tt(dv, n, dv, "multiply"),
+        _tt(e, m2, dv, "add"), _sum(q, e), _ts(var, q, "divide", total),
+        ("copy", {"dst": _column(dst, 0), "src": mu}), ("copy", {"dst": _column(dst, 1), "src": var})]})
 
 
 def tensor_partition_reduce(dst, op, data, name=None, **kw):
@@ -622,7 +748,9 @@ def iota(dst, pattern, offset, channel_multiplier=0, name=None, **kw):
     _checks.tile(instr, "dst", dst, _checks.SBUF)
     _check_pattern(instr, pattern, dst.shape)
     _trace.record(instr, lambda env: env.write(
-        dst, _affine(pattern, offset, channel_multiplier, dst.shape).reshape(dst.shape).to(torch.float32)), dst)
+        dst, _affine(pattern, offset, channel_multiplier, dst.shape).reshape(dst.shape).to(torch.float32)), dst,
+        ir=("iota", {"dst": dst, "pattern": [tuple(p) for p in pattern], "offset": offset,
+                     "channel_multiplier": channel_multiplier}))
 
 
 def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None,
@@ -645,7 +773,18 @@ def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_fal
         cond = impl.compute(v, torch.zeros(())) != 0
         env.write(dst, torch.where(cond, env.f32(on_true_tile).reshape(dst.shape),
                                    torch.tensor(float(on_false_value))))
-    _trace.record(instr, run, dst, on_true_tile)
+    # Natively: the affine values (iota) into an fp32 tile, compared with 0, then a select.
+    ir = None
+    if on_true_tile.shape[0] == dst.shape[0]:
+        P, F = dst.shape[0], math.prod(dst.shape[1:])
+        v = _temp((P, F))
+        ir = ("seq", {"parts": [
+            ("iota", {"dst": v, "pattern": [tuple(p) for p in pattern], "offset": offset,
+                      "channel_multiplier": channel_multiplier}),
+            ("tensor_scalar", {"dst": v, "data": v, "op0": impl, "operand0": 0.0, "reverse0": False, "op1": None,
+                               "operand1": None, "reverse1": False}),
+            ("select", {"dst": dst, "cond": v, "x": on_true_tile, "y": float(on_false_value)})]})
+    _trace.record(instr, run, dst, on_true_tile, ir=ir)
 
 
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,
@@ -676,8 +815,18 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
         env.write(dst, y)
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res)
+    ir = None
+    y = _row_temp(on_true)
+    if y is not None and predicate.shape[0] == on_true.shape[0] == dst.shape[0]:
+        other = on_false if not isinstance(on_false, NkiTensor) else NkiTensor(
+            on_false.storage, y.shape, (on_false.strides[0], 0), on_false.offset, _check=False)
+        x_, y_ = (other, on_true) if reverse_pred else (on_true, other)
+        ir = ("seq", {"parts": [("select", {"dst": y, "cond": predicate, "x": x_, "y": y_}),
+                                ("copy", {"dst": dst, "src": y})] +
+                      (_register_parts(y, rimpl, cmd, reduce_res, "vector")
+                       if cmd.name != "idle" or reduce_res is not None else [])})
     _trace.record(instr, run, dst, predicate, on_true,
-                  *[t for t in (on_false, reduce_res) if isinstance(t, NkiTensor)])
+                  *[t for t in (on_false, reduce_res) if isinstance(t, NkiTensor)], ir=ir)
 
 
 def max8(dst, src, name=None, **kw):

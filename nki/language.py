@@ -93,8 +93,18 @@ def rand(shape, dtype=float32, buffer=sbuf, name="", **kw):
 
 def shared_identity_matrix(n, dtype=bfloat16, **kw):
     t = ndarray((n, n), dtype, sbuf)
-    _trace.record("nki.language.shared_identity_matrix", lambda env: env.write(t, torch.eye(n)), t)
+    # Natively: zeros, then ones on the diagonal (element p of partition p).
+    diag = NkiTensor(t.storage, (n, 1), (n + 1, 1), 0, _check=False)
+    ir = ("seq", {"parts": [("memset", {"dst": t, "value": 0}), ("memset", {"dst": diag, "value": 1})]})
+    _trace.record("nki.language.shared_identity_matrix", lambda env: env.write(t, torch.eye(n)), t, ir=ir)
     return t
+
+
+def _temp(shape):
+    """An fp32 SBUF tile for the native lowering of a composite (a ``seq``
+    of executor records, nki/_native.py); the interpreter never touches it."""
+    shape = tuple(shape)
+    return NkiTensor(_trace.current().new_storage(sbuf, float32, shape, "tmp"), shape, _check=False)
 
 
 def _memset(t, value, instr):
@@ -164,9 +174,19 @@ def _per_partition(t, shape):
 def _elementwise_ir(impl, args, out, shape):
     """The engine instruction an elementwise op amounts to, for the native
     executor (nki/_native.py): an activation (unary ops), a tensor_scalar (a
-    number or a [P, 1] operand) or a tensor_tensor. Bitvector ops have none."""
+    number or a [P, 1] operand) or a tensor_tensor; bitvector ops the same
+    forms of OP_BITS (integer rows)."""
     if impl.kind == "bitvec":
-        return None
+        ir = _arith_ir(impl, args, out, shape) if impl.arity == 2 else None
+        if ir is None:
+            return None
+        if ir[0] == "tensor_tensor":
+            return ("bits", {"dst": out, "data": ir[1]["data"], "data2": ir[1]["data2"], "form": 0, "op0": impl})
+        return ("bits", dict(ir[1], form=1))
+    return _arith_ir(impl, args, out, shape)
+
+
+def _arith_ir(impl, args, out, shape):
     if impl.arity == 1:
         return ("activation", {"dst": out, "op": impl, "data": _expanded(args[0], shape), "bias": None,
                                "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None,
@@ -295,13 +315,41 @@ def _reduction(name, x, axis, dtype, keepdims, fn):
         env.write(out, fn(env.f32(x), axes, keepdims).reshape(out.shape))
     # Natively a tensor_reduce (the same torch reduction) over trailing free axes.
     ir = None
-    if name in _REDUCE_OPS and sorted(axes) == list(builtins.range(x.ndim - len(axes), x.ndim)) and 0 not in axes:
-        ir = ("tensor_reduce", {"dst": out, "data": x, "op": OPS[_REDUCE_OPS[name]], "axes": axes, "negate": False})
+    if sorted(axes) == list(builtins.range(x.ndim - len(axes), x.ndim)) and 0 not in axes:
+        ir = _reduction_ir(name, x, axes, out)
     _trace.record(instr, run, out, x, ir=ir)
     return out
 
 
 _REDUCE_OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
+
+
+def _reduce_part(dst, x, op, axes):
+    return ("tensor_reduce", {"dst": dst, "data": x, "op": OPS[op], "axes": axes, "negate": False})
+
+
+def _scalar_part(dst, data, op0, operand0, op1=None, operand1=None):
+    return ("tensor_scalar", {"dst": dst, "data": data, "op0": OPS[op0], "operand0": operand0, "reverse0": False,
+                              "op1": OPS[op1] if op1 else None, "operand1": operand1, "reverse1": False})
+
+
+def _reduction_ir(name, x, axes, out):
+    """The executor records of a reduction over trailing free axes."""
+    if name in _REDUCE_OPS:
+        return _reduce_part(out, x, _REDUCE_OPS[name], axes)
+    m = math.prod(x.shape[a] for a in axes)
+    groups = math.prod(x.shape[1:]) // m
+    if name == "mean":
+        # torch's CPU mean: the sum, then a division by the count (in fp32).
+        s = _temp((x.shape[0], groups))
+        return ("seq", {"parts": [_reduce_part(s, x, "add", axes), _scalar_part(out, s, "divide", m)]})
+    if name == "var":
+        return ("variance", {"dst": out, "data": x, "axes": axes})
+    if name == "all":
+        # (x != 0) as 1.0/0.0, then its minimum.
+        t = _temp(x.shape)
+        return ("seq", {"parts": [_scalar_part(t, x, "not_equal", 0), _reduce_part(out, t, "minimum", axes)]})
+    return None
 
 
 def sum(x, axis, dtype=None, keepdims=False, **kw):
@@ -338,8 +386,25 @@ def softmax(x, axis, dtype=None, **kw):
     instr = "nki.language.softmax"
     _checks.tile(instr, "x", x)
     out = _result(x.shape, dtype or x.dtype)
-    _trace.record(instr, lambda env: env.write(out, torch.softmax(env.f32(x), dim=axis)), out, x)
+    _trace.record(instr, lambda env: env.write(out, torch.softmax(env.f32(x), dim=axis)), out, x,
+                  ir=_softmax_ir(out, x, axis))
     return out
+
+
+def _softmax_ir(out, x, axis):
+    """Natively (a 2-D tile along its free axis): -max (tensor_reduce with
+    negate), exp(x + -max), its sum, a division. torch's fused kernel has its
+    own exp and order: within the transcendental tolerance (docs/nki.md)."""
+    if x.ndim != 2 or axis not in (1, -1):
+        return None
+    P, F = x.shape
+    m, e, s = _temp((P, 1)), _temp((P, F)), _temp((P, 1))
+    return ("seq", {"parts": [
+        ("tensor_reduce", {"dst": m, "data": x, "op": OPS["maximum"], "axes": (1,), "negate": True}),
+        ("activation", {"dst": e, "op": OPS["exp"], "data": x, "bias": m, "scale": 1.0, "cmd": "idle",
+                        "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
+        _reduce_part(s, e, "add", (1,)),
+        _scalar_part(out, e, "divide", s)]})
 
 
 def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):
@@ -357,8 +422,28 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):
         v = env.f32(x)
         r = torch.rsqrt(v.square().sum(dim=axis, keepdim=True) / n + epsilon)
         env.write(out, v * r * env.f32(w))
-    _trace.record(instr, run, out, x, w)
+    _trace.record(instr, run, out, x, w, ir=_rms_norm_ir(out, x, w, axis, n, epsilon))
     return out
+
+
+def _rms_norm_ir(out, x, w, axis, n, epsilon):
+    """Natively (a 2-D tile normalised along its free axis): x * x, its sum,
+    / n + epsilon, rsqrt, then (x * r) * w in one scalar_tensor_tensor: the
+    interpreter's fp32 operations in its order."""
+    if x.ndim != 2 or w.ndim != 2 or axis not in (1, -1) or not isinstance(n, (int, float)) or \
+            not isinstance(epsilon, (int, float)):
+        return None
+    P, F = x.shape
+    sq, s, r = _temp((P, F)), _temp((P, 1)), _temp((P, 1))
+    act = {"bias": None, "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None, "engine": "scalar"}
+    return ("seq", {"parts": [
+        ("activation", dict(act, dst=sq, op=OPS["square"], data=x)),
+        _reduce_part(s, sq, "add", (1,)),
+        _scalar_part(s, s, "divide", n, "add", epsilon),
+        ("activation", dict(act, dst=r, op=OPS["rsqrt"], data=s)),
+        ("scalar_tensor_tensor", {"dst": out, "data": x, "op0": OPS["multiply"], "operand0": r, "reverse0": False,
+                                  "op1": OPS["multiply"], "operand1": _expanded(w, x.shape), "reverse1": False,
+                                  "reduce": False})]})
 
 
 def matmul(x, y, transpose_x=False, **kw):
@@ -407,7 +492,13 @@ def where(condition, x, y, dtype=None, **kw):
         c = c != 0 if isinstance(c, torch.Tensor) else torch.tensor(bool(c))
         a, b = _value(env, x, ndim=len(shape)), _value(env, y, ndim=len(shape))
         env.write(out, torch.where(c, torch.as_tensor(a), torch.as_tensor(b)).expand(shape))
-    _trace.record(instr, run, out, *ts)
+    # Natively a select record (tile operands broadcast to the result's shape).
+    ir = None
+    if isinstance(condition, NkiTensor) and builtins.all(isinstance(v, (NkiTensor, int, float)) for v in (x, y)):
+        ir = ("select", {"dst": out, "cond": _expanded(condition, shape),
+                         "x": _expanded(x, shape) if isinstance(x, NkiTensor) else x,
+                         "y": _expanded(y, shape) if isinstance(y, NkiTensor) else y})
+    _trace.record(instr, run, out, *ts, ir=ir)
     return out
 
 

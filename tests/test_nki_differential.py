@@ -416,7 +416,7 @@ def _nl_softmax(a):
     return nl.softmax(a, axis=1)
 
 
-@unit("nl.rms_norm", ALL, nin=2, tol=True)
+@unit("nl.rms_norm", ALL, nin=2)
 def _nl_rms_norm(a, b):
     return nl.rms_norm(a, b[0:1, :], axis=1, n=a.shape[1])
 
@@ -482,17 +482,7 @@ NOT_INSTRUCTIONS = {
 # -- coverage -------------------------------------------------------------------------
 # Units the interpreter runs and the native executor refuses, with the reason.
 INTERPRETER = {
-    "nisa.scalar_tensor_tensor+reduce": "the accumulator-register reduction of scalar_tensor_tensor is not lowered",
-    "nisa.tensor_tensor_scan": "scans are not lowered (a sequential recurrence per partition)",
-    "nisa.activation[load_reduce]": "load_reduce is not lowered",
-    "nisa.exponential": "trn3's Vector Engine exp with its registers is not lowered",
-    "nisa.tensor_scalar_reduce": "not lowered (registers with multiply/max/min, reduce_init, negate)",
-    "nisa.bn_stats": "not lowered (torch's mean/var two-pass order)",
-    "nisa.bn_aggr": "not lowered",
     "nisa.tensor_partition_reduce": "not lowered (a reduction across partitions)",
-    "nisa.iota": "GpSimd: not lowered",
-    "nisa.affine_select": "GpSimd: not lowered",
-    "nisa.select_reduce": "not lowered",
     "nisa.max8": "not lowered (torch.topk)",
     "nisa.nc_find_index8": "not lowered",
     "nisa.dropout": "draws from torch's CPU generator",
@@ -500,22 +490,8 @@ INTERPRETER = {
     "nl.dropout": "draws from torch's CPU generator",
     "nl.device_print": "prints from the host",
     "nl.while_loop": "a device loop re-runs a sub-program until a tile reads zero",
-    "nl.shared_identity_matrix": "not lowered",
-    "nl.softmax": "torch.softmax's fused kernel (its own exp and sum order)",
-    "nl.rms_norm": "a composite (square, sum, rsqrt, products) in one torch expression, not lowered",
-    "nl.mean": "torch's mean (a sum, then a division in fp32) needs an fp32 temporary: not lowered",
-    "nl.var": "torch's two-pass variance: not lowered",
     "nl.prod": "product reductions are not lowered",
-    "nl.all": "not lowered",
-    "nl.where": "no select in the executor's ALU",
 }
-for _op in BITVEC:
-    INTERPRETER[f"nl.{_op}"] = "bitvector ops compute in int64 on the interpreter"
-for _op in BITVEC:
-    for _i in ("tensor_tensor", "tensor_scalar"):
-        INTERPRETER[f"nisa.{_i}[{_op}]"] = "bitvector ops compute in int64 on the interpreter"
-    if _op in REDUCING:
-        INTERPRETER[f"nisa.tensor_reduce[{_op}]"] = "bitvector reductions compute in int64 on the interpreter"
 for _op in ("power",):
     INTERPRETER[f"nl.{_op}"] = "torch's pow (Sleef's powf and its special exponents) is not lowered"
     for _i in ("tensor_tensor", "tensor_scalar", "scalar_tensor_tensor"):
@@ -533,7 +509,9 @@ def _native_expected(name, dtype):
 
 # maximum/minimum of +0 and -0: torch returns either zero, by position (its
 # vectorised loop returns the second operand, its scalar tail the first).
-SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")}
+# (The same for the units whose register reduction is a maximum.)
+SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")} | {
+    "nisa.tensor_scalar_reduce", "nisa.scalar_tensor_tensor+reduce", "nisa.select_reduce"}
 
 
 def _fp8_to_int(name, dtype):

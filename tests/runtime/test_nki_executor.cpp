@@ -340,3 +340,102 @@ TEST(NkiExecutor, PrefetchCoversThePlannedRowsOnce) {
   pf.streamed(streamed);
   EXPECT_EQ(pf.next, nullptr);
 }
+
+// OP_SEL, OP_IOTA and OP_SCAN (the records of nl.where, iota/affine_select
+// and tensor_tensor_scan) on a [P, F] fp32 input. Buffers: 0 x, 1 y (bound),
+// 2 sel, 3 iota, 4 scan (bound outputs).
+TEST(NkiExecutor, SelectIotaScanRecords) {
+  const int64_t P = 3, F = 5;
+  Table t;
+  // sel = x != 0 ? y : -9 (x in slot 1 is the condition, y in slot 2, imm[1] for the other)
+  t.add({nk::OP_SEL, 0, 0, 2, -1}, {rows(2, P, F), rows(0, P, F), rows(1, P, F)}, 0.0, -9.0);
+  // iota: 2 terms [[2, 1], [0.5, 5]]: offset 3, channel multiplier 10
+  double half = 0.5, two = 2.0;
+  int64_t hb, tb;
+  std::memcpy(&hb, &half, 8);
+  std::memcpy(&tb, &two, 8);
+  t.add({nk::OP_IOTA, 0, 0, 2, 1, 5, 0, 0, tb, hb, 0, 0}, {rows(3, P, F)}, 3.0, 10.0);
+  // scan: r = (x * r) + y from r = 0.5
+  t.add({nk::OP_SCAN, 0, 0, nk::A_MUL, 0, nk::A_ADD, 0, -1}, {rows(4, P, F), rows(0, P, F), rows(1, P, F)}, 0.5);
+  std::vector<nk::Buffer> bufs;
+  for (int b = 0; b < 5; ++b) bufs.push_back({nk::F32, P * F, -1});
+  nk::Program prog(t.words, t.imms, bufs, 64, "sel_iota_scan");
+  std::vector<float> x(P * F), y(P * F), sel(P * F), iota(P * F), scan(P * F);
+  for (int64_t i = 0; i < P * F; ++i) {
+    x[i] = i % 3 == 0 ? 0.0f : float(i) / 4.0f;
+    y[i] = float(i) - 7.0f;
+  }
+  x[1] = NAN;  // NaN is true
+  nk::execute(prog, {x.data(), y.data(), sel.data(), iota.data(), scan.data()}, 2);
+  for (int64_t p = 0; p < P; ++p) {
+    float r = 0.5f;
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t i = p * F + f;
+      EXPECT_EQ(sel[i], x[i] != 0.0f ? y[i] : -9.0f) << i;
+      EXPECT_EQ(iota[i], float(double(p) * 10.0 + 3.0 + 0.5 * double(f))) << i;
+      r = x[i] * r + y[i];
+      EXPECT_TRUE(scan[i] == r || (scan[i] != scan[i] && r != r)) << i;
+    }
+  }
+  // Malformed: an iota pattern that does not cover the row; a select slot naming no view.
+  Table bad;
+  bad.add({nk::OP_IOTA, 0, 0, 1, 4, 0, 0, 0, tb}, {rows(3, P, F)});
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, bufs, 64, "bad"), neuronrt::Error);
+  Table bad2;
+  bad2.add({nk::OP_SEL, 0, 0, 4, -1}, {rows(2, P, F), rows(0, P, F)});
+  EXPECT_THROW(nk::Program(bad2.words, bad2.imms, bufs, 64, "bad2"), neuronrt::Error);
+}
+
+// OP_REG (the register update of a reducing instruction) and OP_VAR (torch's
+// Welford variance). Buffers: 0 r [P, 1], 1 res [P, 1], 2 x [P, F], 3 var [P, 1].
+TEST(NkiExecutor, RegisterAndVarianceRecords) {
+  const int64_t P = 4, F = 9;
+  Table t;
+  t.add({nk::OP_REG, 0, 0, 3, nk::A_MAX, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});  // reset_reduce: regs = r
+  t.add({nk::OP_REG, 0, 0, 2, nk::A_MAX, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});  // reduce: max(regs, r)
+  t.add({nk::OP_REG, 0, 0, 5, nk::A_ADD, 0, 1, 1, -1}, {rows(1, P, 1), rows(0, P, 1)}, 2.5);  // -(2.5 + r)
+  t.add({nk::OP_VAR, 0, 0, F}, {rows(3, P, 1), rows(2, P, F)});
+  std::vector<nk::Buffer> bufs = {{nk::F32, P, -1}, {nk::F32, P, -1}, {nk::F32, P * F, -1}, {nk::F32, P, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "reg_var");
+  std::vector<float> r = {1.0f, -2.0f, 0.25f, 8.0f}, res(P), x = input(P * F), var(P);
+  nk::execute(prog, {r.data(), res.data(), x.data(), var.data()}, 2);
+  for (int64_t p = 0; p < P; ++p) {
+    EXPECT_EQ(res[p], -(0.0f + ((0.0f + 2.5f) + r[p]))) << p;
+    double mean = 0, m2 = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      const double v = x[p * F + f], d = v - mean;
+      mean += d / double(f + 1);
+      m2 += d * (v - mean);
+    }
+    EXPECT_EQ(var[p], float(m2 / F)) << p;
+  }
+  Table bad;
+  bad.add({nk::OP_REG, 0, 0, 7, nk::A_ADD, 0, 0, 0, -1}, {rows(0, P, 1), rows(0, P, 1)});
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, bufs, 64, "bad"), neuronrt::Error);
+}
+
+// OP_BITS: int64 bitvector ops on integer rows, stored with wrapping.
+// Buffers: 0 a int32, 1 b int8, 2 out int8, 3 and-reduction int16 [P, 1].
+TEST(NkiExecutor, BitvectorRecords) {
+  const int64_t P = 2, F = 4;
+  Table t;
+  t.add({nk::OP_BITS, 0, 0, 0, nk::B_SHL, 0, -1, -1, 0, -1, 0}, {rows(2, P, F), rows(0, P, F), rows(1, P, F)});
+  t.add({nk::OP_BITS, 0, 0, 2, nk::B_AND, 0, -1, -1, 0, -1, F}, {rows(3, P, 1), rows(0, P, F)});
+  std::vector<nk::Buffer> bufs = {{nk::I32, P * F, -1}, {nk::I8, P * F, -1}, {nk::I8, P * F, -1}, {nk::I16, P, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "bits");
+  std::vector<int32_t> a = {3, -1, 1 << 30, 7, 0x7fff, 0x3ff0, 0x1ff0, -2};
+  std::vector<int8_t> b = {1, 70, 2, -1, 4, 0, 63, 3}, out(P * F);
+  std::vector<int16_t> red(P);
+  nk::execute(prog, {a.data(), b.data(), out.data(), red.data()}, 1);
+  for (int64_t i = 0; i < P * F; ++i) {
+    const int64_t s = b[i], x = a[i];
+    const int64_t want = (s < 0 || s >= 64) ? 0 : int64_t(uint64_t(x) << s);
+    EXPECT_EQ(out[i], int8_t(want)) << i;
+  }
+  EXPECT_EQ(red[0], int16_t(3 & -1 & (1 << 30) & 7));
+  EXPECT_EQ(red[1], int16_t(0x7fff & 0x3ff0 & 0x1ff0 & -2));
+  Table bad;  // a bitvector op on a float buffer
+  bad.add({nk::OP_BITS, 0, 0, 0, nk::B_AND, 0, -1, -1, 0, -1, 0}, {rows(0, P, F), rows(0, P, F), rows(0, P, F)});
+  std::vector<nk::Buffer> fbufs = {{nk::F32, P * F, -1}};
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, fbufs, 64, "bad"), neuronrt::Error);
+}

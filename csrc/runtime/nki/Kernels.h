@@ -92,11 +92,12 @@ struct Prefetch {
 // Per-thread fp32 rows (max_free elements each) and the step's prefetch.
 struct Scratch {
   Prefetch prefetch;
-  std::vector<float> a, b, out;
+  std::vector<float> a, b, c, out;
   void size(int64_t n) {
     if (int64_t(a.size()) < n) {
       a.resize(n);
       b.resize(n);
+      c.resize(n);
       out.resize(n);
     }
   }

@@ -38,8 +38,8 @@ int64_t free_numel(const View& v) {
 // Views each opcode reads or writes unconditionally (slot 0 is dst).
 int fixed_views(int64_t opcode) {
   switch (opcode) {
-    case OP_FILL: return 1;
-    case OP_TT: case OP_STT: case OP_MM: return 3;
+    case OP_FILL: case OP_IOTA: return 1;
+    case OP_TT: case OP_STT: case OP_MM: case OP_SCAN: return 3;
     case OP_NOP: return 0;
     default: return 2;
   }
@@ -120,6 +120,18 @@ void Program::check_record(int64_t i) const {
     if (!whole && dst.shape[0] > kPartitions) fail("a partition-wise fill of more than 128 partitions");
     return;
   }
+  if (opcode == OP_IOTA) {
+    // w[3] pattern terms; w[4..8) their counts; w[8..12) their steps (double bits).
+    if (dst.shape[0] > kPartitions) fail("iota of more than 128 partitions");
+    if (w[3] < 1 || w[3] > 4) fail("iota takes 1 to 4 pattern terms");
+    int64_t count = 1;
+    for (int k = 0; k < w[3]; ++k) {
+      if (w[4 + k] < 1) fail("iota pattern count below 1");
+      count *= w[4 + k];
+    }
+    if (count != free_numel(dst)) fail("iota pattern does not cover dst's free elements");
+    return;
+  }
   const View& data = view(i, 1);
   if (opcode == OP_MM) {
     const View& mv = view(i, 2);
@@ -188,6 +200,58 @@ void Program::check_record(int64_t i) const {
       }
       break;
     }
+    case OP_SEL:
+      // w[3], w[4]: slots of x and y (-1: the immediates).
+      for (int k : {3, 4}) {
+        if (w[k] == -1) continue;
+        if (w[k] < 2 || w[k] >= kMaxViews || view(i, w[k]).ndim == 0) fail("select operand slot names no view");
+        same_rows(view(i, w[k]));
+      }
+      break;
+    case OP_SCAN:
+      // w[3] op0, w[4] reverse0, w[5] op1, w[6] reverse1, w[7] slot of the initial value (-1: imm[0]).
+      alu(w[3], false);
+      alu(w[5], false);
+      operand(w[7], false);
+      same_rows(view(i, 2));
+      break;
+    case OP_REG:
+      // w[3] cmd (2 reduce, 3 reset_reduce, 4 reset, 5 load_reduce), w[4] op, w[5] engine,
+      // w[6] writes reduce_res (view 0), w[7] negates it, w[8] slot of load_reduce's base (-1: imm[0]).
+      if (w[3] < 2 || w[3] > 5) fail("unknown register command " + std::to_string(w[3]));
+      if (w[4] != A_ADD && w[4] != A_MAX && w[4] != A_MIN) fail("register reduction of an unsupported op");
+      if (w[5] != 0 && w[5] != 1) fail("unknown engine " + std::to_string(w[5]));
+      if ((w[6] != 0 && w[6] != 1) || (w[7] != 0 && w[7] != 1)) fail("register flags are not 0 or 1");
+      operand(w[8], false);
+      if (n != 1) fail("the register reduction is not [P, 1]");
+      break;
+    case OP_BITS: {
+      // w[3] form (0 tensor_tensor, 1 tensor_scalar, 2 reduce), w[4] op0, w[5] reverse0, w[6] slot0
+      // (-1: imm[0]), w[7] op1 (-1: none), w[8] reverse1, w[9] slot1, w[10] elements per reduction.
+      for (int k = 0; k < kMaxViews; ++k)
+        if (view(i, k).ndim > 0 && !is_integral(dtypes_[view(i, k).buf])) fail("a bitvector op on a non-integer buffer");
+      auto bop = [&](int64_t op) { if (op < 0 || op >= kNumBitOps) fail("unknown bitvector op " + std::to_string(op)); };
+      bop(w[4]);
+      if (w[3] == 0) {
+        same_rows(view(i, 2));
+      } else if (w[3] == 1) {
+        operand(w[6], false);
+        if (w[7] != -1) {
+          bop(w[7]);
+          operand(w[9], false);
+        }
+      } else if (w[3] == 2) {
+        if (w[4] != B_AND && w[4] != B_OR) fail("a bitvector reduction other than and/or");
+        if (w[10] < 1 || n % w[10] != 0 || dn != n / w[10]) fail("reduction groups do not divide the row");
+        return;
+      } else {
+        fail("unknown bitvector form " + std::to_string(w[3]));
+      }
+      break;
+    }
+    case OP_VAR:
+      if (w[3] < 1 || n % w[3] != 0 || dn != n / w[3]) fail("variance groups do not divide the row");
+      return;
     case OP_TRED:
       if (w[3] != A_ADD && w[3] != A_MAX && w[3] != A_MIN) fail("tensor_reduce of an unsupported op");
       if (w[4] < 1 || n % w[4] != 0 || dn != n / w[4]) fail("tensor_reduce groups do not divide the row");

@@ -49,6 +49,12 @@ enum Opcode : int64_t {
   OP_TRED = 6,  // tensor_reduce over trailing free elements
   OP_NOP = 7,   // (profiling: a record switched off)
   OP_MM = 8,    // nc_matmul: dst[M, N] (+)= stationary[K, M]^T @ moving[K, N], one thread
+  OP_SEL = 9,   // dst = cond != 0 ? x : y (x, y: elementwise views or immediates; NaN is true)
+  OP_IOTA = 10, // dst[p, i...] = fp32(offset + p * multiplier + sum(i_k * step_k)), in double
+  OP_SCAN = 11, // per row: r = op1(op0(data0[i], r), data1[i]), r starts at the initial operand
+  OP_REG = 12,  // accumulator registers <- a [P, 1] reduction (reduce_cmd), then (-)registers -> reduce_res
+  OP_VAR = 13,  // population variance of each group of w[3] trailing elements (torch's Welford, in double)
+  OP_BITS = 14, // bitvector ops on integer rows in int64 (tensor_tensor, tensor_scalar or an and/or reduction)
   kNumOpcodes
 };
 
@@ -58,6 +64,10 @@ enum Alu : int64_t {
   A_FMOD, A_LAND, A_LOR, A_LXOR,  // fmod is exact; the logical ops give 1.0/0.0 (nonzero, NaN included, is true)
   kNumAlu
 };
+
+// OP_BITS's ops: on int64 values, as torch's CPU kernels (a shift by a
+// negative or too large amount gives 0, or the sign for a right shift).
+enum BitOp : int64_t { B_AND = 0, B_OR, B_XOR, B_SHL, B_SHR, kNumBitOps };
 
 enum Fn : int64_t {
   // Exact: bit-identical to torch (sqrt: correctly rounded; torch's vectorised sqrt can be 1 ulp off).
