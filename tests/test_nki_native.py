@@ -71,6 +71,7 @@ def test_pool_native_matches_interpreter(dtype, shape, monkeypatch):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_native_threads_identical(threads, monkeypatch):
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -240,6 +241,7 @@ def test_native_partition_mixing_between_local_runs(dtype, threads, monkeypatch)
     nat = _native.plan(_shift_between_runs.trace((x,)), True)
     whole = nat.words.reshape(nat.ninstr, -1)[:, 13].tolist()
     assert whole[0] == 0 and whole[-1] == 0 and 1 in whole  # local, whole, local
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -651,6 +653,7 @@ def test_native_transposes(dtype, threads, monkeypatch):
     whole = words[:, 13].tolist()
     copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and whole[i]]
     assert len(copies) >= 5 and whole[0] == 0 and whole[-1] == 0  # transposes run whole, between local runs
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

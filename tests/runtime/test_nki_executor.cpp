@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -103,6 +104,10 @@ std::vector<float> expected(const std::vector<float>& x, int64_t P, int64_t F) {
   }
   return out;
 }
+
+// These programs are small: without NKI_SPLIT_SMALL the executor would run
+// them on one thread whatever the thread count asked.
+[[maybe_unused]] const int kSplitSmall = setenv("NKI_SPLIT_SMALL", "1", 1);
 
 std::vector<float> input(int64_t n) {
   std::vector<float> x(n);
