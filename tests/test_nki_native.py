@@ -71,6 +71,7 @@ def test_pool_native_matches_interpreter(dtype, shape, monkeypatch):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_native_threads_identical(threads, monkeypatch):
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -240,6 +241,7 @@ def test_native_partition_mixing_between_local_runs(dtype, threads, monkeypatch)
     nat = _native.plan(_shift_between_runs.trace((x,)), True)
     whole = nat.words.reshape(nat.ninstr, -1)[:, 13].tolist()
     assert whole[0] == 0 and whole[-1] == 0 and 1 in whole  # local, whole, local
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -401,6 +403,60 @@ def test_native_activation_functions(fn, monkeypatch):
         _identical(out, ref)
     else:
         _close(out, ref, rtol=4e-6, atol=2e-5)
+
+
+_EXP_FNS = ("exp", "sigmoid", "silu", "softplus")  # computed from the executor's vectorised exp
+
+
+def _exp_edges():
+    """Wide-range values plus exp's edges: +-inf, NaN, overflow past 88.72, underflow
+    below -103.97, subnormal results, signed zeros; 130 columns leave a scalar tail."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(64, 130, generator=g) * 240 - 120)
+    edges = torch.tensor([float("inf"), float("-inf"), float("nan"), 88.72, 88.7229, 89.0, -87.3, -100.0,
+                          -103.9, -103.98, -104.0, -110.0, 1e-30, -1e-30, 0.0, -0.0, 20.0, 20.001, -20.0])
+    x[0, :edges.numel()] = edges
+    x[1, -edges.numel():] = -edges
+    return x
+
+
+def test_native_exp_edges(monkeypatch):
+    # exp and the functions built on it against the interpreter (torch) on
+    # the whole range: inf, -inf and NaN where torch has them, within the
+    # transcendental tolerance elsewhere (underflow: the absolute part).
+    x = _exp_edges()
+    for fn in _EXP_FNS:
+        monkeypatch.setenv("NKI_EXECUTOR", "native")
+        out = _activate(x, fn, 1.0, 0.0)[:, :130]
+        ref = _run("interpreter", _activate, x, fn, 1.0, 0.0, monkeypatch=monkeypatch)[:, :130]
+        out, ref = out.cpu(), ref.cpu()
+        assert torch.equal(out.isnan(), ref.isnan()), fn
+        assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out[out.isinf()], ref[ref.isinf()]), fn
+        fin = ref.isfinite()
+        _close(out[fin], ref[fin], rtol=4e-6, atol=2e-5)
+
+
+def test_native_exp_builds_agree():
+    # The vectorised exp gives the same bits in every build (4, 8 or 16 lanes
+    # and the scalar tail run the same fp32 steps).
+    from conftest import run_json
+    cpu = open("/proc/cpuinfo").read()
+    isas = ["generic"] + [i for i, flag in (("avx2", "avx2"), ("avx512", "avx512bw")) if flag in cpu]
+    code = """
+        import hashlib, json, os, sys, torch, torch_neuronx
+        from torch_neuronx import _C
+        sys.path.insert(0, %r)
+        import test_nki_native as T
+        assert _C._nki_kernel_isa() == %r
+        os.environ["NKI_EXECUTOR"] = "native"
+        x = T._exp_edges()
+        print(json.dumps({fn: hashlib.sha256(T._bits(T._activate(x, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
+                          for fn in T._EXP_FNS}))
+    """
+    got = {isa: run_json(code % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})
+           for isa in isas}
+    for isa in isas[1:]:
+        assert got[isa] == got["generic"], (isa, got)
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2"])
@@ -651,6 +707,7 @@ def test_native_transposes(dtype, threads, monkeypatch):
     whole = words[:, 13].tolist()
     copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and whole[i]]
     assert len(copies) >= 5 and whole[0] == 0 and whole[-1] == 0  # transposes run whole, between local runs
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

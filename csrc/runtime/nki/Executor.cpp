@@ -283,6 +283,28 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   }
 }
 
+// Fewer threads for a small program: waking the pool and the barriers cost
+// more than they save (~1 ms at 2 threads for a 128x64 attention head). A
+// thread whose partition range starts past every partition-local record's
+// partitions would only wait at barriers (a [1, 576] RMSNorm touches one), and
+// under kSmallBytes of bound data per thread the rows are too few to share.
+// NKI_SPLIT_SMALL=1 keeps every thread (tests of the threaded paths).
+int useful_threads(const Program& prog, const std::vector<std::pair<char*, char*>>& spans, int nt) {
+  if (const char* e = std::getenv("NKI_SPLIT_SMALL"); e && e[0] == '1') return nt;
+  constexpr int64_t kSmallBytes = int64_t(128) << 10;
+  int64_t bytes = 0;
+  for (const auto& s : spans) bytes += s.second - s.first;
+  while (nt > 1 && bytes < kSmallBytes * nt) --nt;
+  int64_t parts = 0;
+  for (int64_t i = 0; i < prog.size() && nt > 1; ++i) {
+    if (prog.record(i)[kWholeWord] != 0) continue;  // runs on thread 0 anyway
+    for (int slot = 0; slot < kMaxViews; ++slot)
+      if (prog.view(i, slot).ndim > 0) parts = std::max(parts, prog.view(i, slot).shape[0]);
+  }
+  while (nt > 1 && kPartitions * (nt - 1) / nt >= parts) --nt;
+  return nt;
+}
+
 }  // namespace
 
 const char* kernel_isa() noexcept {
@@ -312,6 +334,7 @@ void execute(const Program& program, const std::vector<void*>& bound, int thread
   int nt = std::clamp(threads, 1, kPartitions);
   for (size_t k = 1; k < spans.size(); ++k)
     if (spans[k - 1].second > spans[k].first) nt = 1;  // aliased arguments
+  nt = useful_threads(program, spans, nt);
 
   Ctx c;
   c.program = &program;
