@@ -403,6 +403,38 @@ void check_splits(const char* op, const at::Tensor& t, const std::vector<int64_t
   }
 }
 
+// gather's and scatter's arguments: one tensor on every rank (`single`) and,
+// on the root only, a list of group-size tensors of its dtype and size
+// (`lists`: the `listWhat` tensors, named `listName`). `role` names the root
+// ("destination").
+void check_rooted(const char* op, int rank, int size, int root, const char* role,
+                  const std::vector<at::Tensor>& single, const char* singleWhat,
+                  const std::vector<std::vector<at::Tensor>>& lists, const char* listWhat, const char* listName) {
+  if (root < 0 || root >= size) {
+    reject_value(ArgProblem::Other, op, ": invalid ", role, " rank ", root, " for group size ", size);
+  }
+  if (single.size() != 1) {
+    reject_value(ArgProblem::ListLength, op, ": takes one ", singleWhat, " tensor, got ", single.size());
+  }
+  const std::vector<at::Tensor> flat = flatten(lists);
+  check_same_device(op, {{&single, singleWhat}, {&flat, listWhat}});
+  if (rank != root) {
+    if (!flat.empty()) reject_value(ArgProblem::ListLength, op, ": only the ", role, " rank passes a ", listName);
+    return;
+  }
+  if (lists.size() != 1 || static_cast<int>(lists[0].size()) != size) {
+    reject_value(ArgProblem::ListLength, op, ": invalid ", listName, " on the ", role, " rank (expected ", size,
+                 " tensors, the group size, got ", lists.empty() ? 0 : lists[0].size(), ")");
+  }
+  for (int r = 0; r < size; ++r) {
+    check_dtype(op, lists[0][r], c10::str(listName, "[", r, "]"), single[0].scalar_type(), singleWhat);
+    if (lists[0][r].numel() != single[0].numel()) {
+      reject_value(ArgProblem::Size, op, ": ", listName, "[", r, "] must have the ", singleWhat, "'s size, got ",
+                   lists[0][r].sizes(), " and ", single[0].sizes());
+    }
+  }
+}
+
 // check_reduction's TypeErrors, announced to the peers as well.
 void check_reduction_arg(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
   try {
@@ -1539,29 +1571,9 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs, const GatherOptions& opts) {
-  constexpr const char* op = "gather";
   validate(OpType::GATHER, opts.timeout, [&] {
-    if (opts.rootRank < 0 || opts.rootRank >= size_) {
-      reject_value(ArgProblem::Other, op, ": invalid destination rank ", opts.rootRank, " for group size ", size_);
-    }
-    if (inputs.size() != 1) reject_value(ArgProblem::ListLength, op, ": takes one input tensor, got ", inputs.size());
-    const std::vector<at::Tensor> flat = flatten(outputs);
-    check_same_device(op, {{&inputs, "input"}, {&flat, "output"}});
-    if (rank_ == opts.rootRank) {
-      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
-        reject_value(ArgProblem::ListLength, op, ": invalid gather_list on the destination rank (expected ", size_,
-                     " tensors, the group size, got ", outputs.empty() ? 0 : outputs[0].size(), ")");
-      }
-      for (int r = 0; r < size_; ++r) {
-        check_dtype(op, outputs[0][r], c10::str("gather_list[", r, "]"), inputs[0].scalar_type(), "input");
-        if (outputs[0][r].numel() != inputs[0].numel()) {
-          reject_value(ArgProblem::Size, op, ": gather_list[", r, "] must have the input's size, got ",
-                       outputs[0][r].sizes(), " and ", inputs[0].sizes());
-        }
-      }
-    } else if (!flat.empty()) {
-      reject_value(ArgProblem::ListLength, op, ": only the destination rank passes a gather_list");
-    }
+    check_rooted("gather", rank_, size_, opts.rootRank, "destination", inputs, "input", outputs, "output",
+                 "gather_list");
   });
   agree(OpType::GATHER, opts.timeout, inputs);
   auto access = expose(flatten(outputs), inputs);
@@ -1574,29 +1586,9 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::
 c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const ScatterOptions& opts) {
-  constexpr const char* op = "scatter";
   validate(OpType::SCATTER, opts.timeout, [&] {
-    if (opts.rootRank < 0 || opts.rootRank >= size_) {
-      reject_value(ArgProblem::Other, op, ": invalid source rank ", opts.rootRank, " for group size ", size_);
-    }
-    if (outputs.size() != 1) reject_value(ArgProblem::ListLength, op, ": takes one output tensor, got ", outputs.size());
-    const std::vector<at::Tensor> flat = flatten(inputs);
-    check_same_device(op, {{&outputs, "output"}, {&flat, "input"}});
-    if (rank_ == opts.rootRank) {
-      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
-        reject_value(ArgProblem::ListLength, op, ": invalid scatter_list on the source rank (expected ", size_,
-                     " tensors, the group size, got ", inputs.empty() ? 0 : inputs[0].size(), ")");
-      }
-      for (int r = 0; r < size_; ++r) {
-        check_dtype(op, inputs[0][r], c10::str("scatter_list[", r, "]"), outputs[0].scalar_type(), "output");
-        if (inputs[0][r].numel() != outputs[0].numel()) {
-          reject_value(ArgProblem::Size, op, ": scatter_list[", r, "] must have the output's size, got ",
-                       inputs[0][r].sizes(), " and ", outputs[0].sizes());
-        }
-      }
-    } else if (!flat.empty()) {
-      reject_value(ArgProblem::ListLength, op, ": only the source rank passes a scatter_list");
-    }
+    check_rooted("scatter", rank_, size_, opts.rootRank, "source", outputs, "output", inputs, "input",
+                 "scatter_list");
   });
   agree(OpType::SCATTER, opts.timeout, outputs);
   auto access = expose(outputs, flatten(inputs));
