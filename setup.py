@@ -32,7 +32,8 @@ class CMakeBuild(build_ext):
         # ccache hits across clones in different folders.
         env = {**os.environ, "CCACHE_BASEDIR": str(ROOT), "CCACHE_NOHASHDIR": "1"}
         subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
-        built = next(build_dir.glob("_C*.so"))
+        # One CMake build makes every extension; each is copied by its module name.
+        built = next(build_dir.glob(ext.name.rsplit(".", 1)[-1] + ".*.so"))
         dest = Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
         # Replace by rename: processes that have the old library mapped keep it.
@@ -41,4 +42,5 @@ class CMakeBuild(build_ext):
         os.replace(tmp, dest)
 
 
-setup(ext_modules=[CMakeExtension("torch_neuronx._C")], cmdclass={"build_ext": CMakeBuild})
+setup(ext_modules=[CMakeExtension("torch_neuronx._C"), CMakeExtension("neuron_tools._rtinfo")],
+      cmdclass={"build_ext": CMakeBuild})

@@ -1,19 +1,17 @@
 """Reader of the per-host process registry that the runtime keeps in
-/dev/shm (csrc/runtime/Registry.h: one fixed-layout file per process). It imports
-neither torch nor torch_neuronx."""
+/dev/shm (csrc/runtime/Registry.h: one fixed-layout file per process). The
+layout and the environment's resolved configuration come from the runtime's
+own code through ``neuron_tools._rtinfo``, a small extension without torch,
+so nothing here repeats the runtime's definitions."""
 from __future__ import annotations
 
 import glob
 import os
-import struct
 from dataclasses import dataclass, field
 
-MAX_DEVICES = 128
-_HEADER = struct.Struct("<8sIiQii256s")          # magic .. command: 288 bytes
-_DEVICE = struct.Struct("<QQQQQii")               # 48 bytes
-RECORD_SIZE = _HEADER.size + MAX_DEVICES * _DEVICE.size
-MAGIC = b"NRTREG1\0"
-PATTERN = "/dev/shm/neuron-rt.*"
+from . import _rtinfo
+
+LAYOUT = _rtinfo.registry_layout()
 
 
 @dataclass
@@ -32,6 +30,8 @@ class Process:
     pid: int
     command: str
     start_unix_ns: int
+    target: str = ""
+    device_name: str = ""
     devices: list = field(default_factory=list)
 
     def used(self):
@@ -49,27 +49,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _field(data: bytes, base: int, fields: dict, name: str):
+    offset, size = fields[name]
+    raw = data[base + offset:base + offset + size]
+    if name in ("magic", "command", "target", "device_name"):
+        return raw
+    return int.from_bytes(raw, "little", signed=name in ("pid", "device_count", "physical_core"))
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace").strip()
+
+
 def parse(data: bytes) -> Process | None:
-    if len(data) < RECORD_SIZE:
+    head = LAYOUT["header"]
+    if len(data) < LAYOUT["record_size"] or _field(data, 0, head, "magic") != LAYOUT["magic"]:
         return None
-    magic, version, pid, start, count, _, command = _HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version != 1:
-        return None
-    proc = Process(pid, command.split(b"\0", 1)[0].decode(errors="replace").strip(), start)
-    for i in range(min(count, MAX_DEVICES)):
-        alloc, reserved, busy, launches, capacity, core, _ = _DEVICE.unpack_from(data, _HEADER.size + i * _DEVICE.size)
-        proc.devices.append(DeviceUse(i, core, capacity, alloc, reserved, busy, launches))
+    if _field(data, 0, head, "version") != LAYOUT["version"]:
+        return None  # a process of another build of the runtime
+    proc = Process(_field(data, 0, head, "pid"), _text(_field(data, 0, head, "command")),
+                   _field(data, 0, head, "start_unix_ns"), _text(_field(data, 0, head, "target")),
+                   _text(_field(data, 0, head, "device_name")))
+    dev = LAYOUT["device"]
+    for i in range(min(_field(data, 0, head, "device_count"), LAYOUT["max_devices"])):
+        base = LAYOUT["devices_offset"] + i * LAYOUT["device_size"]
+        proc.devices.append(DeviceUse(i, *(_field(data, base, dev, name) for name in (
+            "physical_core", "capacity", "allocated_bytes", "reserved_bytes", "busy_ns", "launches"))))
     return proc
 
 
-def processes(pattern: str = PATTERN) -> list[Process]:
+def processes(prefix: str = LAYOUT["path_prefix"]) -> list[Process]:
     """Live processes using the runtime on this host (stale records of dead
     processes are skipped), ordered by pid."""
     out = []
-    for path in glob.glob(pattern):
+    for path in glob.glob(prefix + "*"):
         try:
             with open(path, "rb") as f:
-                proc = parse(f.read(RECORD_SIZE))
+                proc = parse(f.read(LAYOUT["record_size"]))
         except OSError:
             continue
         if proc is not None and _alive(proc.pid) and path.endswith(f".{proc.pid}"):
@@ -77,38 +93,11 @@ def processes(pattern: str = PATTERN) -> list[Process]:
     return sorted(out, key=lambda p: p.pid)
 
 
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _size(text: str) -> int:
-    t = text.strip().upper().replace("IB", "").rstrip("B") or "0"
-    num = t.rstrip("KMGT")
-    return int(float(num) * _UNITS[t[len(num):]])
-
-
 def cores():
-    """The NeuronCores this environment exposes, [(core, name, capacity)],
-    from the variables the runtime reads (docs/env.md) without importing torch
-    (so the tools start at once); the runtime itself validates them."""
-    visible = os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip()
-    try:
-        if visible:
-            ids = []
-            for item in filter(None, visible.split(",")):
-                lo, _, hi = item.partition("-")
-                ids += range(int(lo), int(hi or lo) + 1)
-        else:
-            ids = range(int(os.environ.get("NEURON_RT_NUM_CORES", "") or 2))
-        capacity = _size(os.environ.get("NEURON_RT_HBM_BYTES", "") or "16G")
-    except (ValueError, KeyError):
-        raise SystemExit("neuron tools: malformed NEURON_RT_VISIBLE_CORES, NEURON_RT_NUM_CORES or "
-                         "NEURON_RT_HBM_BYTES (see docs/env.md)")
-    return [(core, "NeuronCore-v3 (host runtime)", capacity) for core in ids]
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    """The NeuronCores a process started in this environment would have,
+    [(core, name, capacity)], as the runtime resolves them (NEURON_RT_TARGET,
+    NEURON_RT_VISIBLE_CORES/NUM_CORES, NEURON_RT_HBM_BYTES)."""
+    config = _rtinfo.configuration()
+    if config["error"]:
+        raise SystemExit(f"neuron tools: {config['error']} (see docs/env.md)")
+    return [(d["physical_core"], d["name"], d["capacity"]) for d in config["devices"]]

@@ -7,6 +7,7 @@ import json
 import sys
 
 from . import _registry
+from ._units import format_bytes
 
 
 def snapshot() -> dict:
@@ -17,7 +18,7 @@ def snapshot() -> dict:
         for d in p.used():
             if d.physical_core not in seen:
                 seen.add(d.physical_core)
-                known.append((d.physical_core, "NeuronCore (host runtime)", d.capacity))
+                known.append((d.physical_core, p.device_name, d.capacity))
     cores = []
     for core, name, capacity in sorted(known):
         used = sum(d.reserved_bytes for p in procs for d in p.devices if d.physical_core == core)
@@ -30,7 +31,7 @@ def snapshot() -> dict:
 
 
 def render(snap: dict) -> str:
-    fb = _registry.format_bytes
+    fb = format_bytes
     lines = [f"{'CORE':>4}  {'NAME':<30} {'HBM USED':>12} {'HBM TOTAL':>12}  PROCESSES"]
     for c in snap["cores"]:
         lines.append(f"{c['core']:>4}  {c['name']:<30} {fb(c['hbm_used']):>12} {fb(c['hbm_total']):>12}  "

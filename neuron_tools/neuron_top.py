@@ -10,6 +10,7 @@ import sys
 import time
 
 from . import _registry
+from ._units import format_bytes
 from .neuron_ls import snapshot as ls_snapshot
 
 
@@ -47,7 +48,7 @@ class Sampler:
 
 
 def render(s: dict) -> list[str]:
-    fb = _registry.format_bytes
+    fb = format_bytes
     lines = [f"neuron-top - {time.strftime('%H:%M:%S')}  (q quits)", "",
              f"{'CORE':>4}  {'BUSY':>6}  {'':<20} {'HBM USED':>12} {'HBM TOTAL':>12}"]
     for c in s["cores"]:

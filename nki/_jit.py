@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import torch
 
-from . import _dtypes, _native, _target, _trace
+from . import _device, _dtypes, _native, _target, _trace
 from ._errors import NKIError
 from ._exec import execute
 from ._tensor import NkiTensor, shared_hbm
@@ -300,27 +300,26 @@ def _run_torch(program, tensors):
     result = _rebuild(program.result, outs, dict(tensors))
     if fake:  # shape inference: the trace gave shapes and dtypes
         return result
-    if device.type not in ("cpu", "neuron"):
-        raise NKIError(f"nki.jit: torch tensors must be on 'neuron' (or 'cpu'), got '{device.type}'")
-    tensors, back = _row_major(tensors, program)  # on neuron: copies on the current stream
-    if device.type == "cpu":
+    # The device's executor (nki/_device.py); an NKIError names a device no backend serves.
+    ex = None if device.type == "cpu" else _device.executor(device.type)
+    tensors, back = _row_major(tensors, program)  # on a device: copies on the current stream
+    if ex is None:
         _execute(program, _bind_storages(program, {n: t for n, t in tensors}, outs), outs)
         _copy_back(back)
         return result
-    native = _native.plan(program, _precise())
+    native = _native.plan(program, _precise()) if hasattr(ex, "native_program") else None
     if native is not None:  # one runtime launch on the current stream, over device memory
         native.run(_bind_storages(program, {n: t for n, t in tensors}, outs))
         _copy_back(back)
         return result
-    from torch_neuronx import _C
-    index = device.index if device.index is not None else torch.neuron.current_device()
-    host = {n: _C._host_alias(t) for n, t in tensors}
-    host_outs = {sid: _C._host_alias(t) for sid, t in outs.items()}
+    index = device.index if device.index is not None else ex.current_device()
+    host = {n: ex.host_alias(t) for n, t in tensors}
+    host_outs = {sid: ex.host_alias(t) for sid, t in outs.items()}
     bound = _bind_storages(program, host, host_outs)
 
     def kernel():
         _execute(program, bound, host_outs)
-    _C._launch(index, kernel)
+    ex.launch(index, kernel, getattr(program, "name", "nki_kernel"))
     _copy_back(back)
     return result
 

@@ -5,7 +5,7 @@ lowered program: a table of instruction records (opcode, ALU/activation
 function, strided views of the buffers), partition row by partition row with
 vectorised inner loops, all instructions in one kernel launch on the current
 neuron stream. This module is the lowering, a pass in Python at a program's
-first launch; ``torch_neuronx._C._NkiProgram`` checks the table once and
+first launch; the device executor's ``native_program`` (``torch_neuronx._C._NkiProgram``) checks the table once and
 runs it over the tensors' memory.
 
 Results are bit-identical to the interpreter (nki/_exec.py), which stays the
@@ -29,7 +29,7 @@ import numpy as np
 
 import torch
 
-from . import _dtypes
+from . import _device, _dtypes
 from ._errors import NKIError
 from ._tensor import NkiTensor, _contiguous_strides
 
@@ -82,11 +82,13 @@ def _check_machine():
         raise Unsupported(f"{platform.machine()} (the executor reproduces x86 sums)")
 
 
-def _layout():
-    from torch_neuronx import _C
-    if tuple(_C._nki_layout) != (MAX_DIMS, MAX_VIEWS, HEADER, RECORD):
-        raise RuntimeError(f"the runtime's NKI record layout {_C._nki_layout} does not match nki/_native.py")
-    return _C
+def _executor():
+    ex = _device.native_executor()
+    if ex is None:
+        raise Unsupported("no device backend with a native executor is registered (nki/_device.py)")
+    if tuple(ex.native_layout) != (MAX_DIMS, MAX_VIEWS, HEADER, RECORD):
+        raise RuntimeError(f"the runtime's NKI record layout {ex.native_layout} does not match nki/_native.py")
+    return ex
 
 
 # -- lowering --------------------------------------------------------------
@@ -709,8 +711,8 @@ class NativeProgram:
                 buffers.append((_DTYPES[low.dtypes[sid]], st.numel, self.offsets[sid]))
             else:  # unused, or replaced by the tensor it was loaded from
                 buffers.append((0, 0, 0))
-        self.prog = _layout()._NkiProgram(self.words, imms, buffers, self.arena_bytes,
-                                          getattr(program, "name", "kernel"))
+        self.prog = _executor().native_program(self.words, imms, buffers, self.arena_bytes,
+                                                getattr(program, "name", "kernel"))
 
     def run(self, bound):
         """Runs the program over ``bound`` (storage id -> flat tensor): one

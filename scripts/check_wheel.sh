@@ -32,3 +32,7 @@ y = (x.to("neuron") * 2 + 1).sum()
 assert y.device.type == "neuron" and y.item() == ((x * 2 + 1).sum()).item()
 print(f"wheel OK: {torch_neuronx.__file__}, {y.device}")
 PY
+# The tools' extension ships too: neuron-ls reads the runtime's configuration.
+env -u PYTHONPATH "$tmp/venv/bin/neuron-ls" --json | "$tmp/venv/bin/python" -c \
+  'import json, sys; assert json.load(sys.stdin)["cores"], "neuron-ls lists no core"'
+echo "neuron-ls OK"

@@ -24,10 +24,10 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _tool(*args):
+def _tool(*args, env=None, check=True):
     out = subprocess.run([sys.executable, "-m", f"neuron_tools.{args[0]}", *args[1:]], capture_output=True,
-                         text=True, timeout=60, check=True)
-    return out.stdout
+                         text=True, timeout=60, check=check, env=env)
+    return out.stdout if check else out
 
 
 @pytest.fixture
@@ -109,3 +109,67 @@ def test_neuron_top_in_a_terminal(workers):
         assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+PROPERTIES = textwrap.dedent("""
+    import json, torch
+    props = [torch.neuron.get_device_properties(i) for i in range(torch.neuron.device_count())]
+    print(json.dumps([(p.name, p.total_memory) for p in props]))
+""")
+
+
+@pytest.mark.parametrize("config", [{"NEURON_RT_TARGET": "trn3"}, {"NEURON_RT_TARGET": "trn2"},
+                                    {"NEURON_RT_VISIBLE_CORES": "1,3-4", "NEURON_RT_HBM_BYTES": "3G"}])
+def test_idle_cores_are_what_the_runtime_resolves(config):
+    """With no process running, neuron-ls shows the cores a process started in
+    the same environment gets: the runtime's resolution, not a re-parse."""
+    env = {**os.environ, **config}
+    runtime = json.loads(subprocess.run([sys.executable, "-c", PROPERTIES], env=env, capture_output=True, text=True,
+                                        timeout=120, check=True).stdout)
+    cores = json.loads(_tool("neuron_ls", "--json", env=env))["cores"]
+    assert [(c["name"], c["hbm_total"]) for c in cores] == [tuple(r) for r in runtime]
+    if "NEURON_RT_VISIBLE_CORES" in config:
+        assert [c["core"] for c in cores] == [1, 3, 4]
+
+
+def test_a_process_shows_its_own_configuration(tmp_path):
+    """A process started with NEURON_RT_TARGET shows its target's cores even
+    to tools running in a default environment (from its registry record)."""
+    stop = tmp_path / "stop"
+    env = {**os.environ, "NEURON_RT_TARGET": "trn3", "NEURON_RT_VISIBLE_CORES": "5"}
+    p = subprocess.Popen([sys.executable, "-c", WORKER, "neuron:0", str(1 << 16), str(stop)], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        pid, reserved = map(int, p.stdout.readline().split())
+        default_env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_")}
+        snap = json.loads(_tool("neuron_ls", "--json", env=default_env))
+        core5 = [c for c in snap["cores"] if c["core"] == 5]
+        assert len(core5) == 1 and core5[0]["name"].startswith("NeuronCore-v4 (trn3")
+        assert core5[0]["hbm_total"] == 18 << 30 and pid in core5[0]["pids"]
+        assert [(r["core"], r["hbm_used"]) for r in _rows(snap, pid)] == [(5, reserved)]
+    finally:
+        stop.touch()
+        p.wait(timeout=60)
+
+
+@pytest.mark.parametrize("variable,value", [("NEURON_RT_TARGET", "trn9"), ("NEURON_RT_NUM_CORES", "abc"),
+                                            ("NEURON_RT_HBM_BYTES", "lots")])
+def test_malformed_configuration_is_named(variable, value):
+    out = _tool("neuron_ls", env={**os.environ, variable: value}, check=False)
+    assert out.returncode != 0 and variable in out.stderr, out.stderr
+
+
+def test_registry_layout_is_the_runtimes():
+    from neuron_tools import _rtinfo
+    layout = _rtinfo.registry_layout()
+    spans = sorted(layout["header"].values())
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:])), "header fields overlap"
+    assert spans[-1][0] + spans[-1][1] <= layout["devices_offset"]
+    assert layout["record_size"] == layout["devices_offset"] + layout["max_devices"] * layout["device_size"]
+
+
+def test_one_byte_formatter():
+    from neuron_tools._units import format_bytes
+    assert [format_bytes(n) for n in (0, 1023, 1536, 5 << 20, 3 << 40, 5000 << 40)] == [
+        "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "3.0 TiB", "5000.0 TiB"]
+    assert format_bytes(16 << 30, digits=2) == "16.00 GiB"

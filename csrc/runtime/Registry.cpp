@@ -11,11 +11,12 @@
 #include <string>
 
 #include "Device.h"
+#include "Target.h"
 
 namespace neuronrt {
 namespace {
 
-std::string path_of(int pid) { return "/dev/shm/neuron-rt." + std::to_string(pid); }
+std::string path_of(int pid) { return kRegistryPathPrefix + std::to_string(pid); }
 
 void read_command(char* out, size_t size) {
   std::FILE* f = std::fopen("/proc/self/cmdline", "rb");
@@ -54,7 +55,7 @@ RegistryRecord* create() {
     return nullptr;
   }
   auto* r = static_cast<RegistryRecord*>(p);  // zero-filled by ftruncate
-  r->version = 1;
+  r->version = kRegistryVersion;
   r->pid = pid;
   r->start_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -62,6 +63,8 @@ RegistryRecord* create() {
   read_command(r->command, sizeof r->command);
   const int n = std::min(device_count(), kRegistryMaxDevices);
   try {
+    std::strncpy(r->target, target().name.c_str(), sizeof r->target - 1);
+    if (n > 0) std::strncpy(r->device_name, device_properties(0).name.c_str(), sizeof r->device_name - 1);
     for (int d = 0; d < n; ++d) {
       r->devices[d].capacity = device_properties(d).total_memory;
       r->devices[d].physical_core = device_properties(d).physical_core;
@@ -69,7 +72,7 @@ RegistryRecord* create() {
   } catch (...) {  // a configuration error: devices unusable, keep zeros
   }
   r->device_count = n;
-  std::memcpy(r->magic, "NRTREG1", 8);  // last: readers skip records without it
+  std::memcpy(r->magic, kRegistryMagic, sizeof r->magic);  // last: readers skip records without it
   g_owner = pid;
   std::atexit(&remove_record);
   return r;

@@ -14,8 +14,9 @@ namespace neuronrt {
 
 constexpr int kRegistryMaxDevices = 128;
 
-// The file's layout, version 1. Readers (torch_neuronx/tools/_registry.py)
-// decode it by offsets: keep it fixed-size and append-only.
+// The file's layout, version 2. It is defined here only: the tools
+// (neuron_tools/_registry.py) read the offsets below through
+// neuron_tools._rtinfo.registry_layout(), so a change here needs no mirror.
 struct RegistryDevice {
   std::atomic<uint64_t> allocated_bytes;  // in client allocations
   std::atomic<uint64_t> reserved_bytes;   // held from the system (used + cached)
@@ -34,12 +35,17 @@ struct RegistryRecord {
   int32_t device_count;
   int32_t reserved_;
   char command[256];
+  // The configuration the runtime resolved (NEURON_RT_TARGET and friends):
+  // the tools show what the process really has, not a re-parse of their own
+  // environment.
+  char target[32];        // "trn2"; empty without NEURON_RT_TARGET
+  char device_name[64];   // DeviceProperties::name, the same for every device
   RegistryDevice devices[kRegistryMaxDevices];
 };
 
-static_assert(sizeof(RegistryDevice) == 48, "registry layout is read by offsets");
-static_assert(offsetof(RegistryRecord, devices) == 288, "registry layout is read by offsets");
-static_assert(sizeof(RegistryRecord) == 288 + 48 * kRegistryMaxDevices, "registry layout is read by offsets");
+constexpr uint32_t kRegistryVersion = 2;
+constexpr char kRegistryMagic[8] = "NRTREG1";
+constexpr const char* kRegistryPathPrefix = "/dev/shm/neuron-rt.";
 
 // This process's record (created at first use), or nullptr when the
 // registry is unavailable (no /dev/shm) or disabled (NEURON_RT_REGISTRY=0).

@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from neuron_tools._units import format_bytes
+
 from .. import _C
 from ._utils import _get_device_index
 
@@ -74,10 +76,7 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     free, total = mem_get_info(idx)
 
     def fmt(n):
-        for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-            if abs(n) < 1024 or unit == "TiB":
-                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-            n /= 1024
+        return format_bytes(n, digits=2)
 
     rows = [("Allocated memory", "allocated_bytes.all"), ("Active memory", "active_bytes.all"),
             ("Requested memory", "requested_bytes.all"), ("Reserved memory", "reserved_bytes.all")]
