@@ -7,7 +7,7 @@
 #include "HostExecution.h"
 #include "NeuronFunctions.h"
 #include "OpTracking.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {

@@ -19,8 +19,7 @@
 #include <utility>
 
 #include "HostExecution.h"
-#include "csrc/runtime/Gemv.h"
-#include "csrc/runtime/Workers.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {

@@ -5,7 +5,7 @@
 #include <limits>
 #include <string>
 
-#include "csrc/runtime/Target.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 

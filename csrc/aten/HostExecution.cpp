@@ -18,8 +18,6 @@
 #include "NeuronFunctions.h"
 #include "NeuronGenerator.h"
 #include "OpTracking.h"
-#include "csrc/runtime/Philox.h"
-#include "csrc/runtime/Protect.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -423,7 +421,7 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       // and may even show memory its op has yet to fill.
       const c10::AliasInfo* alias = schema.returns()[i - rets_begin].alias_info();
       if (alias && !alias->isWrite()) continue;
-      neuronrt::DeviceAccess access;  // reads the result on the host
+      const auto access = neuronrt::host_access();  // reads the result on the host
       check_strict_int_range(iv.toTensor(), schema.name());
     }
   }

@@ -16,7 +16,7 @@
 #include <map>
 #include <string>
 
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 

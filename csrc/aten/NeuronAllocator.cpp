@@ -8,18 +8,15 @@
 #include <mutex>
 
 #include "NeuronFunctions.h"
-#include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {
 
-neuronrt::CachingAllocator& rt_allocator() { return neuronrt::CachingAllocator::instance(); }
-
 // torch.profiler(profile_memory=True): every device allocation and free.
 void report_to_profiler(void* ptr, int64_t delta, int device) {
   if (!c10::memoryProfilingEnabled() || device < 0) return;
-  auto s = rt_allocator().stats(device);
+  auto s = neuronrt::memory_stats(device);
   c10::reportMemoryUsageToProfiler(ptr, delta, s.allocated_bytes[neuronrt::kAllPools].current,
                                    s.reserved_bytes[neuronrt::kAllPools].current,
                                    c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
@@ -27,7 +24,7 @@ void report_to_profiler(void* ptr, int64_t delta, int device) {
 
 void* rt_allocate(c10::DeviceIndex device, size_t nbytes) {
   void* ptr = rt_call([&] { return neuronrt::malloc(device, nbytes); });
-  if (ptr) report_to_profiler(ptr, static_cast<int64_t>(rt_allocator().block_size(ptr)), device);
+  if (ptr) report_to_profiler(ptr, static_cast<int64_t>(neuronrt::allocation_size(ptr)), device);
   return ptr;
 }
 
@@ -56,18 +53,12 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
   }
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t) override {
-    rt_call([] {
-      for (int d = 0; d < neuronrt::device_count(); ++d) neuronrt::release_finished_kernels(d);
-    });
-    rt_allocator().empty_cache();
+    rt_call([] { neuronrt::empty_cache(); });
   }
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     // Memory of tensors whose last users were kernels that have run is free.
-    auto s = rt_call([&] {
-      neuronrt::release_finished_kernels(device);
-      return rt_allocator().stats(device);
-    });
+    auto s = rt_call([&] { return neuronrt::memory_stats(device); });
     c10::CachingDeviceAllocator::DeviceStats out;
     to_c10(s.allocation, out.allocation);
     to_c10(s.segment, out.segment);
@@ -83,13 +74,13 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
     return out;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
-    rt_call([&] { rt_allocator().reset_accumulated_stats(device); });
+    rt_call([&] { neuronrt::reset_accumulated_memory_stats(device); });
   }
   void resetPeakStats(c10::DeviceIndex device) override {
-    rt_call([&] { rt_allocator().reset_peak_stats(device); });
+    rt_call([&] { neuronrt::reset_peak_memory_stats(device); });
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
-    return rt_call([&] { return rt_allocator().mem_info(device); });
+    return rt_call([&] { return neuronrt::mem_get_info(device); });
   }
 };
 
@@ -133,7 +124,7 @@ void StagingAllocator::raw_delete(void* ptr) {
 void device_free(void* ptr) {
   if (ptr && c10::memoryProfilingEnabled()) {
     const int device = neuronrt::pointer_device(ptr);
-    const auto size = static_cast<int64_t>(rt_allocator().block_size(ptr));
+    const auto size = static_cast<int64_t>(neuronrt::allocation_size(ptr));
     neuronrt::free(ptr);
     report_to_profiler(ptr, -size, device);
     return;

@@ -5,9 +5,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
-#include "csrc/runtime/Device.h"
-#include "csrc/runtime/Error.h"
-#include "csrc/runtime/Process.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 

@@ -29,7 +29,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/GeneratorImpl.h>
 
-#include "csrc/runtime/Philox.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 

@@ -4,8 +4,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "NeuronFunctions.h"
-#include "csrc/runtime/Stream.h"
-#include "csrc/runtime/Target.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {

@@ -9,7 +9,7 @@
 #include "NeuronFunctions.h"
 #include "NeuronGenerator.h"
 #include "NeuronHostAllocator.h"
-#include "csrc/runtime/CachingAllocator.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 
@@ -48,7 +48,7 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Device getDeviceFromPtr(void* data) const override {
-    int device = neuronrt::CachingAllocator::instance().device_of(data);
+    int device = neuronrt::pointer_device(data);
     TORCH_CHECK(device >= 0, "pointer ", data, " is not neuron device memory");
     return device_of_index(static_cast<c10::DeviceIndex>(device));
   }

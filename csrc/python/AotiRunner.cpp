@@ -15,7 +15,7 @@
 #include <string>
 
 #include "csrc/aten/NeuronFunctions.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace torch_neuronx {
 namespace {

@@ -17,7 +17,6 @@
 
 #include "csrc/aten/NeuronAllocator.h"
 #include "csrc/aten/NeuronFunctions.h"
-#include "csrc/runtime/CachingAllocator.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace py = pybind11;
@@ -156,14 +155,13 @@ void record_memory_history(std::optional<std::string> enabled, std::optional<std
   }
   g_recording.store(enabled.has_value() && context.has_value());
   at::neuron::set_allocation_context_hook(enabled ? &context_hook : nullptr);
-  neuronrt::CachingAllocator::instance().set_observer(enabled ? &observe : nullptr);
+  neuronrt::set_memory_observer(enabled ? &observe : nullptr);
 }
 
 py::dict snapshot() {
   auto blocks = at::neuron::rt_call([] {
     // As memory statistics: blocks of tensors whose last users have run are free.
-    for (int d = 0; d < neuronrt::device_count(); ++d) neuronrt::release_finished_kernels(d);
-    return neuronrt::CachingAllocator::instance().snapshot();
+    return neuronrt::memory_snapshot();
   });
   History& h = history();
   std::lock_guard<std::mutex> lock(h.mutex);
@@ -188,7 +186,7 @@ py::dict snapshot() {
     seg["active_size"] = b.in_use ? b.size : 0;
     seg["requested_size"] = b.in_use ? b.requested : 0;
     seg["stream"] = 0;
-    seg["segment_type"] = b.size <= neuronrt::CachingAllocator::kSmallSize ? "small" : "large";
+    seg["segment_type"] = b.size <= neuronrt::kSmallPoolLimit ? "small" : "large";
     seg["segment_pool_id"] = py::make_tuple(0, 0);
     seg["is_expandable"] = false;
     seg["frames"] = py::list();
@@ -228,7 +226,7 @@ void register_memory_snapshot(py::module& m) {
         py::arg("max_entries"));
   m.def("_memory_snapshot", &snapshot);
   m.def("_set_memory_fraction", [](double fraction, int device) {
-    at::neuron::rt_call([&] { neuronrt::CachingAllocator::instance().set_memory_fraction(device, fraction); });
+    at::neuron::rt_call([&] { neuronrt::set_memory_fraction(device, fraction); });
   });
 }
 

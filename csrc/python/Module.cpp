@@ -10,12 +10,7 @@
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/aten/NeuronGenerator.h"
 #include "csrc/aten/OpTracking.h"
-#include "csrc/runtime/CachingAllocator.h"
-#include "csrc/runtime/Device.h"
-#include "csrc/runtime/Gemv.h"
-#include "csrc/runtime/Process.h"
 #include "csrc/runtime/Runtime.h"
-#include "csrc/runtime/Workers.h"
 
 #include <mutex>
 #include <set>
@@ -129,9 +124,9 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(p.name, p.total_memory, p.major, p.minor, p.physical_core);
   });
   m.def("_mem_get_info", [](int index) {
-    return at::neuron::rt_call([&] { return neuronrt::CachingAllocator::instance().mem_info(index); });
+    return at::neuron::rt_call([&] { return neuronrt::mem_get_info(index); });
   });
-  m.def("_empty_cache", [] { neuronrt::CachingAllocator::instance().empty_cache(); });
+  m.def("_empty_cache", [] { at::neuron::rt_call([] { neuronrt::empty_cache(); }); });
   m.def("_get_rng_mode", [] { return at::neuron::rng_mode() == at::neuron::RngMode::Cpu ? "cpu" : "philox"; });
   m.def("_set_rng_mode", [](const std::string& mode) {
     TORCH_CHECK_VALUE(mode == "cpu" || mode == "philox", "rng mode must be 'cpu' or 'philox', got '", mode, "'");
@@ -190,7 +185,7 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   m.def("_is_neuron_ptr", [](uintptr_t ptr) {
-    return neuronrt::CachingAllocator::instance().device_of(reinterpret_cast<void*>(ptr));
+    return neuronrt::pointer_device(reinterpret_cast<void*>(ptr));
   });
 
   // The `neuron` c10d backend (torch_neuronx._C._distributed).

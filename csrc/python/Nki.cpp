@@ -7,8 +7,6 @@
 
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/runtime/Runtime.h"
-#include "csrc/runtime/nki/Executor.h"
-#include "csrc/runtime/nki/Program.h"
 
 namespace py = pybind11;
 namespace nk = neuronrt::nki;
@@ -70,7 +68,7 @@ void run(const std::shared_ptr<nk::Program>& program, const std::vector<at::Tens
     if (device && device->is_privateuseone()) {
       const int index = device->has_index() ? device->index() : neuronrt::current_device();
       nk::ProgramKernel kernel(program, std::move(ptrs), threads);
-      neuronrt::launch(neuronrt::current_stream(index), kernel);
+      neuronrt::current_stream(index).launch([&] { kernel.run(); }, kernel.name());
     } else {
       nk::execute(*program, ptrs, threads);
     }

@@ -23,8 +23,7 @@
 #include <set>
 #include <vector>
 
-#include "csrc/runtime/Device.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace torch_neuronx {
 namespace {

@@ -8,8 +8,6 @@
 
 namespace neuronrt {
 
-bool host_accessible() noexcept { return true; }
-
 std::shared_ptr<void> host_access() { return std::make_shared<DeviceAccess>(); }
 
 namespace {
@@ -34,6 +32,37 @@ void* malloc(int device, size_t bytes) {
 void release_finished_kernels(int device) {
   for (Stream* s : all_streams(device)) s->release_finished();
 }
+
+void empty_cache(int device) {
+  const int first = device < 0 ? 0 : device;
+  const int last = device < 0 ? device_count() : device + 1;
+  for (int d = first; d < last; ++d) release_finished_kernels(d);
+  CachingAllocator::instance().empty_cache(device);
+}
+
+DeviceStats memory_stats(int device) {
+  release_finished_kernels(device);
+  return CachingAllocator::instance().stats(device);
+}
+
+void reset_peak_memory_stats(int device) { CachingAllocator::instance().reset_peak_stats(device); }
+
+void reset_accumulated_memory_stats(int device) { CachingAllocator::instance().reset_accumulated_stats(device); }
+
+std::pair<size_t, size_t> mem_get_info(int device) { return CachingAllocator::instance().mem_info(device); }
+
+void set_memory_fraction(int device, double fraction) {
+  CachingAllocator::instance().set_memory_fraction(device, fraction);
+}
+
+size_t allocation_size(const void* ptr) { return CachingAllocator::instance().block_size(ptr); }
+
+std::vector<BlockInfo> memory_snapshot() {
+  for (int d = 0; d < device_count(); ++d) release_finished_kernels(d);
+  return CachingAllocator::instance().snapshot();
+}
+
+void set_memory_observer(AllocatorObserver observer) { CachingAllocator::instance().set_observer(observer); }
 
 void free(void* ptr) noexcept {
   try {
@@ -65,10 +94,6 @@ void memset(void* dst, int value, size_t bytes, Stream& stream) {
   if (bytes == 0) return;
   auto body = [&] { std::memset(dst, value, bytes); };
   stream.launch(std::ref(body), "Memset");
-}
-
-void launch(Stream& stream, Kernel& kernel) {
-  stream.launch([&] { kernel.run(); }, kernel.name());
 }
 
 void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel) { stream.enqueue(std::move(kernel)); }

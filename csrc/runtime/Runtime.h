@@ -12,23 +12,33 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "Device.h"
+#include "Error.h"
+#include "MemoryStats.h"
+#include "Philox.h"
+#include "Process.h"
 #include "Stream.h"
+#include "Target.h"
 
 namespace neuronrt {
 
-// ---- Capabilities -----------------------------------------------------------
-
-// True if device memory may be mapped into the host address space while a
-// kernel launched by the runtime runs (host kernels then take raw pointers).
-// True for the host runtime; false for hardware whose HBM the host cannot map.
-bool host_accessible() noexcept;
+// ---- What a runtime must provide ----------------------------------------------
+// Device memory is host-mappable while the runtime works on it: the kernels
+// of the PyTorch layer (csrc/aten's routes, compiled graphs, the NKI
+// executor) are host code that takes raw pointers into device memory inside a
+// launch, and copies use memcpy. This is a requirement of those layers, not a
+// capability they test: a runtime whose HBM the host cannot map would provide
+// device kernels for the routes instead (docs/runtime.md, "The seam"). Protect
+// mode (NEURON_RT_PROTECT=1) proves the layers touch device memory only inside
+// launches and copies.
 
 // Keeps device memory host-accessible while the returned token lives, as a
 // launch does in protect mode: for a transport outside the runtime that moves
-// host views of device memory on its own threads (Gloo in the c10d backend).
-// Only meaningful where host_accessible().
+// host views of device memory on its own threads (Gloo in the c10d backend),
+// and for the few host reads of a result outside a kernel.
 std::shared_ptr<void> host_access();
 
 // ---- Memory -----------------------------------------------------------------
@@ -40,6 +50,10 @@ void* malloc(int device, size_t bytes);
 // Frees the device's kernels that have run, and with them the memory they
 // held (memory statistics call it first).
 void release_finished_kernels(int device);
+// Returns the cached memory of `device` (all devices for -1) to the system,
+// after releasing the kernels that have run (their tensors' memory is cached
+// only then): torch.neuron.empty_cache().
+void empty_cache(int device = -1);
 // Returns memory from malloc() to the device's cache. Never throws.
 void free(void* ptr) noexcept;
 // The device whose memory contains `ptr`, or -1 if it is not device memory.
@@ -53,10 +67,27 @@ void memcpy(void* dst, const void* src, size_t bytes, MemcpyKind kind, Stream& s
 // Sets `bytes` of device memory to `value`, in order on `stream`.
 void memset(void* dst, int value, size_t bytes, Stream& stream);
 
+// ---- Memory statistics and control (MemoryStats.h) -----------------------------
+// Statistics first release the kernels that have run: memory of tensors whose
+// last users were finished kernels is free.
+DeviceStats memory_stats(int device);
+void reset_peak_memory_stats(int device);
+void reset_accumulated_memory_stats(int device);
+// (free, total) bytes of the device's HBM budget.
+std::pair<size_t, size_t> mem_get_info(int device);
+// Caps the device's budget at `fraction` of its capacity.
+void set_memory_fraction(int device, double fraction);
+// The rounded size of the block holding `ptr` (device memory).
+size_t allocation_size(const void* ptr);
+// Every block of every device, for memory snapshots.
+std::vector<BlockInfo> memory_snapshot();
+// Records allocator events (memory history); nullptr stops.
+void set_memory_observer(AllocatorObserver observer);
+
 // ---- Kernels ----------------------------------------------------------------
 
 // A unit of device work. The host runtime runs it with device memory mapped
-// into the host address space (see host_accessible()).
+// into the host address space (see the requirement above).
 class Kernel {
  public:
   virtual ~Kernel() = default;
@@ -68,12 +99,12 @@ class Kernel {
   virtual size_t bytes() const noexcept { return SIZE_MAX; }
 };
 
-// Runs `kernel` in order on `stream` and returns when it has run. Errors
-// raised by the kernel propagate.
-void launch(Stream& stream, Kernel& kernel);
-// Queues `kernel` on `stream` and returns at once; the stream owns it until it
+// Launches. Synchronous: Stream::launch(fn, name) runs `fn` in order on the
+// stream and returns when it has run (errors propagate); the PyTorch layer's
+// host kernels, copies and compiled graphs use it. Asynchronous, below:
+// queues `kernel` on `stream` and returns at once; the stream owns it until it
 // has run. Errors surface at the stream's next synchronization point as
-// KernelError (Stream.h). NEURON_RT_LAUNCH_BLOCKING=1 makes this launch().
+// KernelError (Stream.h). NEURON_RT_LAUNCH_BLOCKING=1 makes it synchronous.
 // A small kernel (Kernel::bytes) on an idle stream runs before this returns,
 // with the same error reporting.
 void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel);
@@ -83,3 +114,11 @@ void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel);
 // synchronize, elapsed time; synchronize_device (Device.h).
 
 }  // namespace neuronrt
+
+// The runtime's compute services, on top of the API above: the decode GEMV
+// split across the runtime's workers, and the NKI program executor (it
+// launches its programs as Kernels). With the headers above, these are
+// everything the layers above csrc/runtime include (tests/test_layers.py).
+#include "Gemv.h"
+#include "Workers.h"
+#include "nki/Executor.h"

@@ -150,7 +150,7 @@ TEST(NkiExecutor, LaunchesOnAStreamOverDeviceMemory) {
   const uint64_t before = s.issued();
   nk::ProgramKernel kernel(prog, {dx, dout}, 2);
   EXPECT_STREQ(kernel.name(), "nki::example");
-  neuronrt::launch(s, kernel);
+  s.launch([&] { kernel.run(); }, kernel.name());
   EXPECT_EQ(s.issued(), before + 1);
   std::vector<float> out(x.size());
   neuronrt::memcpy(out.data(), dout, out.size() * 4, neuronrt::MemcpyKind::DeviceToHost, s);

@@ -43,7 +43,7 @@ TEST(Protect, RuntimeCopiesAndKernelsReachDeviceMemory) {
       }
     } k;
     k.p = p;
-    neuronrt::launch(s, k);
+    s.launch([&] { k.run(); }, k.name());
     neuronrt::memcpy(out, p, sizeof out, neuronrt::MemcpyKind::DeviceToHost, s);
     neuronrt::free(p);
     return out[0] == 2 && out[3] == 8 ? 0 : 2;
