@@ -12,17 +12,17 @@ from ._units import format_bytes
 
 def snapshot() -> dict:
     procs = _registry.processes()
-    known = _registry.cores()
-    seen = {c for c, _, _ in known}
+    known = [(core, name, capacity, True) for core, name, capacity in _registry.cores()]
+    seen = {c for c, _, _, _ in known}
     for p in procs:  # cores that processes configured differently use
         for d in p.used():
             if d.physical_core not in seen:
                 seen.add(d.physical_core)
-                known.append((d.physical_core, p.device_name, d.capacity))
+                known.append((d.physical_core, p.device_name, d.capacity, False))
     cores = []
-    for core, name, capacity in sorted(known):
+    for core, name, capacity, configured in sorted(known):
         used = sum(d.reserved_bytes for p in procs for d in p.devices if d.physical_core == core)
-        cores.append({"core": core, "name": name, "hbm_total": capacity, "hbm_used": used,
+        cores.append({"core": core, "name": name, "hbm_total": capacity, "hbm_used": used, "configured": configured,
                       "pids": [p.pid for p in procs if any(d.physical_core == core for d in p.used())]})
     rows = [{"pid": p.pid, "core": d.physical_core, "device": f"neuron:{d.index}", "hbm_used": d.reserved_bytes,
              "hbm_allocated": d.allocated_bytes, "command": " ".join(p.command.split())}

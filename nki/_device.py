@@ -21,6 +21,7 @@ An executor provides:
 """
 from __future__ import annotations
 
+import sys
 import threading
 from importlib import metadata
 
@@ -37,14 +38,20 @@ def register_executor(device_type: str, executor) -> None:
         _executors[device_type] = executor
 
 
-def _load_entry_points() -> None:
+def _load_entry_points(imported_only: bool = False) -> None:
+    """Registers the entry points' executors; with ``imported_only``, only
+    those whose backend package is already imported (host work never imports
+    a device extension)."""
     global _loaded
     if _loaded:
         return
     for ep in metadata.entry_points(group="nki.executors"):
-        if ep.name not in _executors:
-            register_executor(ep.name, ep.load()())
-    _loaded = True
+        if ep.name in _executors:
+            continue
+        if imported_only and ep.module.split(".")[0] not in sys.modules:
+            continue
+        register_executor(ep.name, ep.load()())
+    _loaded = not imported_only
 
 
 def executor(device_type: str):
@@ -61,8 +68,10 @@ def executor(device_type: str):
 
 def native_executor():
     """The executor that compiles record programs (the first registered one
-    with ``native_program``), or None: kernels are then interpreted."""
-    _load_entry_points()
+    with ``native_program``), or None: kernels are then interpreted. NumPy
+    arrays and CPU tensors use it only when its backend is imported (with
+    torch's autoload, ``import torch`` does that)."""
+    _load_entry_points(imported_only=True)
     for ex in _executors.values():
         if hasattr(ex, "native_program"):
             return ex

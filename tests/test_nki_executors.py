@@ -36,11 +36,16 @@ SIMULATE = textwrap.dedent("""
     a = np.arange(128 * 512, dtype=np.float32).reshape(128, 512)
     b = np.ones_like(a)
     np.testing.assert_array_equal(nki.simulate(tensor_add)(a, b), a + b)
+    np.testing.assert_array_equal(tensor_add(a, b), a + b)
     import torch
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     assert torch.equal(tensor_add(ta, tb), ta + tb)
     loaded = sorted(m for m in sys.modules if m.startswith("torch_neuronx"))
     assert not loaded, loaded
+    # A device tensor loads its backend's executor (the entry point).
+    import torch_neuronx
+    x = ta.to("neuron")
+    assert torch.equal(tensor_add(x, tb.to("neuron")).cpu(), ta + tb)
     print("ok")
 """)
 
