@@ -307,6 +307,13 @@ void ShmCollectives::verify(const ShmCheck* check, int half) {
   }
 }
 
+void ShmCollectives::meet(const ShmCheck* check, int half, const char* what) {
+  publish(check, half);
+  arrive();
+  wait_peers(2 * (step_ - 1) + 1, what);  // every peer's first arrival of this step
+  verify(check, half);
+}
+
 void ShmCollectives::wait_peers(uint32_t target, const char* what) {
   for (int p = 0; p < size_; ++p) {
     if (p != rank_) wait_peer(p, target, what);
@@ -438,10 +445,7 @@ bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, 
   const int h = begin_step(what);
   shared(rank_, h) = {locate_(plan.in, plan.in_bytes), plan.out ? locate_(plan.out, plan.out_bytes) : SharedBuffer{},
                       plan.mode};
-  publish(check, h);
-  arrive();
-  wait_peers(2 * (step_ - 1) + 1, what);
-  verify(check, h);
+  meet(check, h, what);
   bool insOk = true, outsOk = true;
   for (int r = 0; r < size_; ++r) {
     const Offer& o = shared(r, h);
@@ -565,10 +569,7 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
       std::memcpy(mine, chunk, lo(me) * es);
       std::memcpy(mine + hi(me) * es, chunk + hi(me) * es, (c - hi(me)) * es);
     }
-    if (a == 0) publish(check, h);
-    arrive();
-    wait_peers(2 * (step_ - 1) + 1, what);
-    if (a == 0) verify(check, h);
+    meet(a == 0 ? check : nullptr, h, what);
     for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
     void* dsts[2] = {chunk + lo(me) * es, mine + lo(me) * es};
     reduce(dtype, op, srcs.data(), size_, dsts, oneShot ? 1 : 2, hi(me) - lo(me), false);
@@ -627,10 +628,7 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) std::memcpy(mine + r * maxStep * es, in + (r * count + a) * es, c * es);
     }
-    if (a == 0) publish(check, h);
-    arrive();
-    wait_peers(2 * (step_ - 1) + 1, what);
-    if (a == 0) verify(check, h);
+    meet(a == 0 ? check : nullptr, h, what);
     for (int r = 0; r < size_; ++r) {
       srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
     }
@@ -691,10 +689,7 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
     const size_t c = std::min(maxStep, bytes - a);
     const int h = begin_step(what);
     std::memcpy(slot(rank_, h), in + a, c);
-    if (a == 0) publish(check, h);
-    arrive();
-    wait_peers(2 * (step_ - 1) + 1, what);
-    if (a == 0) verify(check, h);
+    meet(a == 0 ? check : nullptr, h, what);
     // Our own block while the peers' copies arrive (after the check).
     if (outputs[rank_] != input) std::memcpy(static_cast<char*>(outputs[rank_]) + a, in + a, c);
     for (int r = 0; r < size_; ++r) {
@@ -710,10 +705,7 @@ void ShmCollectives::exchange(const ShmCheck& check, std::chrono::milliseconds t
   check_usable(what);
   deadline_ = deadline_after(timeout);
   const int h = begin_step(what);
-  publish(&check, h);
-  arrive();
-  wait_peers(2 * (step_ - 1) + 1, what);
-  verify(&check, h);
+  meet(&check, h, what);
   arrive();
 }
 

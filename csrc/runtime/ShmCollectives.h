@@ -144,6 +144,9 @@ class ShmCollectives {
   // After the first step's first arrival: publish/compare the check words.
   void publish(const ShmCheck* check, int half);
   void verify(const ShmCheck* check, int half);
+  // A step's rendezvous: publish `check` (none: nullptr), arrive, wait for
+  // every peer's arrival, compare the peers' check words.
+  void meet(const ShmCheck* check, int half, const char* what);
   void wait_peers(uint32_t target, const char* what);
   void wait_peer(int peer, uint32_t target, const char* what);
   // Waits until `word` reaches `target`, failing on timeout, abort or the
