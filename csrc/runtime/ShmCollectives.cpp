@@ -1,3 +1,8 @@
+// The shared-memory collectives (ShmCollectives.h). One file on purpose,
+// over 600 lines: the segment, the step protocol (begin_step/meet/arrive),
+// the single-copy path and the collectives that drive them share private
+// state and an ordering argument that is easier to check in one place; the
+// reduction kernels (shm/) and peer mappings (PeerMemory) are separate.
 #include "ShmCollectives.h"
 
 #include <fcntl.h>
