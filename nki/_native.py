@@ -312,8 +312,8 @@ def _lower_instr(low, ins, ir, dead):
         if op.name in ("add", "multiply"):
             _check_sum(data, m)
         if op.name == "multiply" and sum(data.shape[d] > 1 for d in a["axes"]) > 1:
-            # (the interpreter multiplies one axis at a time, the last first)
-            raise Unsupported("a product over several axes")
+            # (the interpreter multiplies one axis at a time, the last first: isa._product_parts)
+            raise Unsupported("a product over several axes in one record")
         header = [_alu(op), m, int(a["negate"])]
         imms = ()
     else:

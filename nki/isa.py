@@ -368,8 +368,22 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         env.write(dst, (-r if negate else r).reshape(dst.shape))
     _trace.record(instr, run, dst, data, ir=("bits", {
         "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
-        if impl.kind == "bitvec" else (
+        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else (
         "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
+
+
+def _product_parts(dst, data, axes, negate=False):
+    """A product over trailing ``axes`` as the interpreter computes it (_ops.reduce):
+    one axis at a time, the last first, through fp32 temporaries; each step is
+    torch's prod of contiguous rows, which the executor reproduces."""
+    axes = sorted(axes)
+    parts, cur = [], data
+    for a in reversed(axes[1:]):
+        t = _temp(tuple(n for i, n in enumerate(cur.shape) if i != a))
+        parts.append(("tensor_reduce", {"dst": t, "data": cur, "op": _OPS["multiply"], "axes": (a,), "negate": False}))
+        cur = t
+    last = ("tensor_reduce", {"dst": dst, "data": cur, "op": _OPS["multiply"], "axes": (axes[0],), "negate": negate})
+    return last if len(parts) == 0 else ("seq", {"parts": parts + [last]})
 
 
 def _activation_common(instr, dst, op, data, bias, scale):

@@ -347,7 +347,8 @@ def _reduction_ir(name, x, axes, out):
         s = _temp((x.shape[0], groups))
         return ("seq", {"parts": [_reduce_part(s, x, "add", axes), _scalar_part(out, s, "divide", m)]})
     if name == "prod":
-        return _reduce_part(out, x, "multiply", axes)
+        from .isa import _product_parts
+        return _product_parts(out, x, axes)
     if name == "var":
         return ("variance", {"dst": out, "data": x, "axes": axes})
     if name == "all":

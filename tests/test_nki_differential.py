@@ -627,6 +627,31 @@ def test_executors_agree(name, dtype, monkeypatch):
             _agree(o, r, u.tol, f"{label} output {k}", name in SIGNED_ZERO)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_product_over_several_axes(dtype, monkeypatch):
+    # The interpreter multiplies one axis at a time (the last first): natively
+    # one tensor_reduce record per axis, through fp32 temporaries.
+    x = _values(dtype, (96, 6 * 40), "small", 9).reshape(96, 6, 40)
+
+    @nki.jit
+    def kernel(a):
+        t = nl.load(a)
+        d = nl.ndarray((a.shape[0], 1, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=d, op=nl.multiply, data=t, axis=(1, 2), keepdims=True)
+        outs = []
+        for r in (d, nl.prod(t, axis=(1, 2)), nl.prod(t, axis=2)):
+            o = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+            nl.store(o, r)
+            outs.append(o)
+        return tuple(outs)
+    monkeypatch.setenv("NKI_EXECUTOR", "interpreter")
+    ref = kernel(x)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out = kernel(x)
+    for k, (o, r) in enumerate(zip(out, ref)):
+        _agree(o, r, False, f"prod {dtype} output {k}")
+
+
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_device_print_same_text(device, capsys, monkeypatch):
     # The native executor prints its snapshots after the launch: the same lines, in order.
