@@ -456,15 +456,20 @@ def _lower_random(low, a, dead):
     call's key (the bound [1, 2] uint32 seed storage), subsequence ``stream``,
     counter = the element's row-major index in dst."""
     dst, seed, data, prob = a["dst"], a["seed"], a["data"], a["prob"]
-    if not isinstance(prob, (int, float)) or isinstance(prob, bool) or dst.shape[0] > 128:
-        raise Unsupported("a dropout rate held in a tile")
+    if dst.shape[0] > 128:
+        raise Unsupported("partition mismatch")
     views = [dst, seed]
     if data is not None:
         _rowwise_operands(dst, [data])
         views.append(data)
-    # The interpreter compares fp32 values with the rate, and divides by 1 - rate in fp32.
-    low.emit(OP_RAND, views, [int(dead), 0, a["mode"], a["stream"], int(data is not None)],
-             (_f32(prob), _f32(1 - prob) if a["mode"] == 2 else 1.0))
+    rate_slot, imms = -1, (0.0, 1.0)
+    if _is_tensor(prob):  # the rate is the tile's first element, read at run time
+        views.append(prob)
+        rate_slot = len(views) - 1
+    else:
+        # The interpreter compares fp32 values with the rate, and divides by 1 - rate in fp32.
+        imms = (_f32(prob), _f32(1 - prob) if a["mode"] == 2 else 1.0)
+    low.emit(OP_RAND, views, [int(dead), 0, a["mode"], a["stream"], int(data is not None), rate_slot], imms)
     return dst, views[1:]
 
 

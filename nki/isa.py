@@ -903,8 +903,7 @@ def dropout(dst, data, prob, name=None, **kw):
         p = env.f32(prob).reshape(-1)[0].item() if isinstance(prob, NkiTensor) else float(prob)
         x = env.f32(data)
         env.write(dst, torch.where(_philox.uniform(env.key(), k, x.shape) >= p, x, torch.zeros(())))
-    ir = None if isinstance(prob, NkiTensor) else (
-        "random", {"dst": dst, "seed": seed, "data": data, "prob": prob, "mode": 1, "stream": k})
+    ir = ("random", {"dst": dst, "seed": seed, "data": data, "prob": prob, "mode": 1, "stream": k})
     _trace.record(instr, run, dst, data, seed, *[t for t in (prob,) if isinstance(t, NkiTensor)], ir=ir)
 
 

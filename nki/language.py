@@ -534,8 +534,7 @@ def dropout(x, rate, dtype=None, **kw):
         r = float(rate) if not isinstance(rate, NkiTensor) else env.f32(rate).reshape(-1)[0].item()
         keep = _philox.uniform(env.key(), k, v.shape) >= r
         env.write(out, torch.where(keep, v / (1 - r), torch.zeros(())))
-    ir = None if isinstance(rate, NkiTensor) else (
-        "random", {"dst": out, "seed": seed, "data": x, "prob": rate, "mode": 2, "stream": k})
+    ir = ("random", {"dst": out, "seed": seed, "data": x, "prob": rate, "mode": 2, "stream": k})
     _trace.record(instr, run, out, seed, *_tensors(x, rate), ir=ir)
     return out
 

@@ -113,3 +113,32 @@ def test_dropout_statistics(p, monkeypatch):
     k2 = d2 != 0
     assert torch.allclose(d2[k2], x[k2] / (1 - p))
     assert not torch.equal(kept, k2)  # nisa.dropout and nl.dropout draw different streams
+
+
+@nki.jit
+def dropout_tile_rate_kernel(x, rate):
+    a = nl.load(x)
+    r = nl.load(rate)  # [1, 1]: the rate read at run time
+    d = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dropout(dst=d, data=a, prob=r)
+    o1 = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    o2 = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(o1, d)
+    nl.store(o2, nl.dropout(a, r))
+    return o1, o2
+
+
+def test_dropout_rate_in_a_tile(monkeypatch):
+    x = torch.rand(64, 80) + 1.0
+    rate = torch.tensor([[0.3]])
+    outs = {}
+    for executor in ("interpreter", "native"):
+        monkeypatch.setenv("NKI_EXECUTOR", executor)
+        torch.manual_seed(5)
+        outs[executor] = [t.cpu() for t in dropout_tile_rate_kernel(x.to("neuron"), rate.to("neuron"))]
+    for o, r in zip(outs["native"], outs["interpreter"]):
+        assert torch.equal(o, r)
+    d1, d2 = outs["native"]
+    assert abs((d1 != 0).float().mean().item() - 0.7) < 0.05
+    k = d2 != 0
+    assert torch.equal(d2[k], x[k] / torch.tensor(1 - 0.3, dtype=torch.float64).float())

@@ -151,7 +151,8 @@ void Program::check_record(int64_t i) const {
     return;
   }
   if (opcode == OP_RAND) {
-    // w[3] mode, w[4] subsequence, w[5] 1 when view 2 (data) is present; view 1: the key, two uint32.
+    // w[3] mode, w[4] subsequence, w[5] 1 when view 2 (data) is present, w[6] slot of a rate tile
+    // (-1: imm[0], imm[1]); view 1: the key, two uint32.
     if (w[3] < 0 || w[3] > 2) fail("unknown random mode " + std::to_string(w[3]));
     if (w[4] < 0) fail("negative Philox subsequence");
     if (dtypes_[data.buf] != U32 || data.ndim != 2 || data.shape[0] != 1 || data.shape[1] != 2)
@@ -161,6 +162,8 @@ void Program::check_record(int64_t i) const {
     if (w[5] && (view(i, 2).ndim == 0 || view(i, 2).shape[0] != dst.shape[0] ||
                  free_numel(view(i, 2)) != free_numel(dst)))
       fail("dropout data does not match dst");
+    if (w[6] != -1 && (w[3] == 0 || w[6] < 2 || w[6] >= kMaxViews || view(i, w[6]).ndim == 0))
+      fail("the dropout rate slot names no view");
     return;
   }
   if (opcode == OP_COPY) {
