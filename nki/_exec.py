@@ -7,7 +7,7 @@ sentinel, and dropped after their last use. Every instruction computes in
 fp32 and rounds when it stores, as the Vector/Scalar engines do."""
 import torch
 
-from . import _dtypes
+from . import _dtypes, _philox
 from ._errors import NKIError
 
 
@@ -15,9 +15,16 @@ class Env:
     def __init__(self, program, bound, precise=True):
         self.program = program
         self.bufs = dict(bound)
+        self.seed = self.bufs.pop(_philox.SEED, None)
         self.written = {}
         self.precise = precise
         self.regs = {}
+
+    def key(self):
+        """This call's Philox key (nki/_philox.py), drawn once."""
+        if self.seed is None:
+            self.seed = _philox.draw_key()
+        return self.seed
 
     def registers(self, engine):
         """The engine's accumulator registers (one fp32 per partition)."""
@@ -69,6 +76,10 @@ class Env:
             if value.dtype.is_floating_point and not dst.dtype.is_floating_point and dst.dtype != torch.bool:
                 # Float to integer conversion rounds to nearest.
                 value = torch.round(value)
+                if dst.dtype == torch.uint32:
+                    # Through int64, then the low 32 bits: torch's own float -> uint32 copy
+                    # gives out-of-range values differently in its vector and scalar loops.
+                    value = value.to(torch.int64)
             if value.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
                 value = value.clone()
         dst.copy_(value)

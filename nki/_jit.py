@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import torch
 
-from . import _device, _dtypes, _native, _target, _trace
+from . import _device, _dtypes, _native, _philox, _target, _trace
 from ._errors import NKIError
 from ._exec import execute
 from ._tensor import NkiTensor, shared_hbm
@@ -364,6 +364,10 @@ def _bind_storages(program, args, outs):
         bound[sid] = args[arg].reshape(-1)
     for sid, t in outs.items():
         bound[sid] = t.reshape(-1)
+    if "_seed" not in program.__dict__:
+        program.__dict__["_seed"] = _philox.seed_storage(program)
+    if program.__dict__["_seed"] is not None:  # one Philox key per call, from torch's generator
+        bound[_philox.SEED] = _philox.draw_key()
     return bound
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 import torch
 
-from . import _device, _dtypes
+from . import _device, _dtypes, _philox
 from ._errors import NKIError
 from ._tensor import NkiTensor, _contiguous_strides
 
@@ -37,17 +37,18 @@ MAX_DIMS, MAX_VIEWS, HEADER = 8, 5, 16
 VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
 (OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN,
- OP_REG, OP_VAR, OP_BITS) = range(15)
+ OP_REG, OP_VAR, OP_BITS, OP_PRED, OP_TOPK, OP_RAND) = range(18)
 # Bitvector ops of OP_BITS (Program.h BitOp): integer rows computed in int64, as the interpreter does.
 _BIT = {"bitwise_and": 0, "bitwise_or": 1, "bitwise_xor": 2, "left_shift": 3, "right_shift": 4}
 # Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
 # and store back with torch's conversions (rounding, saturation, wrapping).
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3, torch.float8_e5m2: 4,
-           torch.int32: 5, torch.int16: 6, torch.int8: 7, torch.uint8: 8, torch.uint16: 9}
+           torch.int32: 5, torch.int16: 6, torch.int8: 7, torch.uint8: 8, torch.uint16: 9, torch.uint32: 10,
+           torch.bool: 11}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _ALU = {n: i for i, n in enumerate(["add", "subtract", "multiply", "divide", "maximum", "minimum", "equal",
                                       "not_equal", "greater", "greater_equal", "less", "less_equal", "fmod",
-                                      "logical_and", "logical_or", "logical_xor"])}
+                                      "logical_and", "logical_or", "logical_xor", "power"])}
 # Activation functions (csrc/runtime/nki/Program.h). EXACT_FN are bit-identical
 # to the interpreter; the others use libm (sqrt: correctly rounded, which torch's
 # vectorised sqrt is not always) and agree within a few ulp (docs/nki.md).
@@ -173,7 +174,8 @@ def _permuted(v, axes):
 
 def _check_copy(low, dst, src):
     # torch cannot round fp8 values (the interpreter's float -> integer store raises).
-    if low.dtypes[src.storage.id] in _FP8 and not low.dtypes[dst.storage.id].is_floating_point:
+    if low.dtypes[src.storage.id] in _FP8 and not low.dtypes[dst.storage.id].is_floating_point and \
+            low.dtypes[dst.storage.id] != torch.bool:
         raise Unsupported("an fp8 -> integer copy")
 
 
@@ -214,7 +216,7 @@ def _lower_instr(low, ins, ir, dead):
         return dst, [src]
     if kind == "memset":
         dst, value = a["dst"], a["value"]
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if not isinstance(value, (int, float)):
             raise Unsupported("memset of a non-number")
         try:  # the interpreter's fill_: its conversion, and its overflow error
             v = torch.empty(1, dtype=low.dtypes[dst.storage.id]).fill_(value)
@@ -232,6 +234,20 @@ def _lower_instr(low, ins, ir, dead):
         return _lower_registers(low, a)
     if kind == "bits":
         return _lower_bits(low, a, dead)
+    if kind == "random":
+        return _lower_random(low, a, dead)
+    if kind == "topk":
+        # max8 / nc_find_index8: a row of 8 per partition from the whole data row.
+        dst, data = a["dst"], a["data"]
+        views = [dst, data] + ([a["vals"]] if a["mode"] == 1 else [])
+        if dst.shape[0] != data.shape[0] or dst.shape[0] > 128 or any(v.shape[0] != dst.shape[0] for v in views):
+            raise Unsupported("partition mismatch")
+        if any(v.storage.id == dst.storage.id for v in views[1:]):
+            raise Unsupported("a top-8 into its own input")
+        low.emit(OP_TOPK, views, [int(dead), 0, a["mode"]])
+        return dst, views[1:]
+    if kind == "partition_reduce":
+        return _lower_partition_reduce(low, a)
     if kind == "variance":
         dst, data = a["dst"], a["data"]
         _rowwise_operands(dst, [])
@@ -292,11 +308,14 @@ def _lower_instr(low, ins, ir, dead):
         imms = (iscale, ibias)
     elif kind == "tensor_reduce":
         op = a["op"]
-        if op.name not in ("add", "maximum", "minimum"):
+        if op.name not in ("add", "maximum", "minimum", "multiply"):
             raise Unsupported(f"tensor_reduce nl.{op.name}")
         m = _trailing_group(data, a["axes"])
-        if op.name == "add":
+        if op.name in ("add", "multiply"):
             _check_sum(data, m)
+        if op.name == "multiply" and sum(data.shape[d] > 1 for d in a["axes"]) > 1:
+            # (the interpreter multiplies one axis at a time, the last first: isa._product_parts)
+            raise Unsupported("a product over several axes in one record")
         header = [_alu(op), m, int(a["negate"])]
         imms = ()
     else:
@@ -432,6 +451,41 @@ def _lower_bits(low, a, dead):
         raise Unsupported("a per-partition operand in the destination")
     low.emit(OP_BITS, views, header, imms)
     return dst, views[1:]
+
+
+def _lower_random(low, a, dead):
+    """nl.rand, nisa.dropout, nl.dropout: Philox (nki/_philox.py) of the
+    call's key (the bound [1, 2] uint32 seed storage), subsequence ``stream``,
+    counter = the element's row-major index in dst."""
+    dst, seed, data, prob = a["dst"], a["seed"], a["data"], a["prob"]
+    if dst.shape[0] > 128:
+        raise Unsupported("partition mismatch")
+    views = [dst, seed]
+    if data is not None:
+        _rowwise_operands(dst, [data])
+        views.append(data)
+    rate_slot, imms = -1, (0.0, 1.0)
+    if _is_tensor(prob):  # the rate is the tile's first element, read at run time
+        views.append(prob)
+        rate_slot = len(views) - 1
+    else:
+        # The interpreter compares fp32 values with the rate, and divides by 1 - rate in fp32.
+        imms = (_f32(prob), _f32(1 - prob) if a["mode"] == 2 else 1.0)
+    low.emit(OP_RAND, views, [int(dead), 0, a["mode"], a["stream"], int(data is not None), rate_slot], imms)
+    return dst, views[1:]
+
+
+def _lower_partition_reduce(low, a):
+    """tensor_partition_reduce: [P, F] -> [1, F], one thread (it reads every
+    partition); sums and products fold the partitions in order, as the
+    interpreter does."""
+    dst, data, op = a["dst"], a["data"], a["op"]
+    if op.name not in ("add", "multiply", "maximum", "minimum"):
+        raise Unsupported(f"tensor_partition_reduce nl.{op.name}")
+    if data.shape[0] > 128:
+        raise Unsupported("partition mismatch")
+    low.emit(OP_PRED, [dst, data], [0, 0, _alu(op)], mixing=True)
+    return dst, [data]
 
 
 def _lower_registers(low, a):
@@ -599,6 +653,13 @@ class NativeProgram:
                 last[t.storage.id] = i
         bound = {st.id for st in program.storages.values() if st.arg is not None}
         bound |= {t.storage.id for t in program.outputs()}
+        seed = _philox.seed_storage(program)
+        self.seed = seed.id if seed is not None and seed.id in first else None
+        if self.seed is not None:  # the call's Philox key, bound at each run
+            bound.add(self.seed)
+        # nl.device_print snapshots: bound buffers, printed after the launch in program order.
+        self.prints = [st for st in program.storages.values() if st.name == "nki.print" and st.id in first]
+        bound |= {st.id for st in self.prints}
         self.bound = sorted(bound)
         on_chip = {sid for sid, st in program.storages.items() if st.buffer.on_chip}
         end = len(instrs)
@@ -718,7 +779,17 @@ class NativeProgram:
         """Runs the program over ``bound`` (storage id -> flat tensor): one
         launch on the current stream of their neuron device, or in place on
         CPU memory."""
-        self.prog.run([bound[sid] for sid in self.bound], torch.get_num_threads())
+        tensors = [bound.get(sid) for sid in self.bound]
+        dev = next((t.device for t in tensors if t is not None), torch.device("cpu"))
+        snaps = {}
+        for st in self.prints:
+            snaps[st.id] = tensors[self.bound.index(st.id)] = torch.empty(st.numel, dtype=st.dtype, device=dev)
+        if self.seed is not None:
+            key = torch.tensor(_philox.key_words(bound[_philox.SEED]), dtype=torch.uint32)
+            tensors[self.bound.index(self.seed)] = key.to(dev)
+        self.prog.run(tensors, torch.get_num_threads())
+        for st in self.prints:
+            print(st.print_prefix, snaps[st.id].cpu().reshape(st.shape))
 
 
 def _aligned(v, P):

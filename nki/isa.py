@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import _checks, _dtypes, _target, _trace
+from . import _checks, _dtypes, _philox, _target, _trace
 from ._errors import fail
 from ._ops import reduce as _reduce_fn
 from ._tensor import NkiTensor, sbuf as _sbuf
@@ -368,8 +368,22 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         env.write(dst, (-r if negate else r).reshape(dst.shape))
     _trace.record(instr, run, dst, data, ir=("bits", {
         "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
-        if impl.kind == "bitvec" else (
+        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else (
         "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
+
+
+def _product_parts(dst, data, axes, negate=False):
+    """A product over trailing ``axes`` as the interpreter computes it (_ops.reduce):
+    one axis at a time, the last first, through fp32 temporaries; each step is
+    torch's prod of contiguous rows, which the executor reproduces."""
+    axes = sorted(axes)
+    parts, cur = [], data
+    for a in reversed(axes[1:]):
+        t = _temp(tuple(n for i, n in enumerate(cur.shape) if i != a))
+        parts.append(("tensor_reduce", {"dst": t, "data": cur, "op": _OPS["multiply"], "axes": (a,), "negate": False}))
+        cur = t
+    last = ("tensor_reduce", {"dst": dst, "data": cur, "op": _OPS["multiply"], "axes": (axes[0],), "negate": negate})
+    return last if len(parts) == 0 else ("seq", {"parts": parts + [last]})
 
 
 def _activation_common(instr, dst, op, data, bias, scale):
@@ -717,7 +731,20 @@ def tensor_partition_reduce(dst, op, data, name=None, **kw):
     _checks.tile(instr, "data", data)
     if dst.shape[0] != 1 or tuple(dst.shape[1:]) != tuple(data.shape[1:]):
         fail(instr, "dst", f"expected shape [1, {', '.join(map(str, data.shape[1:]))}], got {list(dst.shape)}")
-    _trace.record(instr, lambda env: env.write(dst, _reduce_fn(impl, env.f32(data), (0,), True)), dst, data)
+
+    def run(env):
+        x = env.f32(data)
+        if impl.name in ("add", "multiply"):
+            # Partition by partition in order (the engine's accumulation; torch's
+            # dim-0 reduction has an order of its own the executor would not share).
+            r = x[0:1].clone()
+            for p in range(1, x.shape[0]):
+                r = impl.compute(r, x[p:p + 1])
+        else:
+            r = _reduce_fn(impl, x, (0,), True)
+        env.write(dst, r)
+    _trace.record(instr, run, dst, data,
+                  ir=None if impl.kind == "bitvec" else ("partition_reduce", {"dst": dst, "data": data, "op": impl}))
 
 
 # -- GpSimd ----------------------------------------------------------------
@@ -840,7 +867,8 @@ def max8(dst, src, name=None, **kw):
     if dst.shape[0] != src.shape[0] or math.prod(dst.shape[1:]) != 8:
         fail(instr, "dst", f"expected shape [{src.shape[0]}, 8], got {list(dst.shape)}")
     _trace.record(instr, lambda env: env.write(
-        dst, torch.topk(env.f32(src).reshape(src.shape[0], -1), 8, dim=1).values.reshape(dst.shape)), dst, src)
+        dst, torch.topk(env.f32(src).reshape(src.shape[0], -1), 8, dim=1).values.reshape(dst.shape)), dst, src,
+        ir=("topk", {"dst": dst, "data": src, "mode": 0}))
 
 
 def nc_find_index8(dst, data, vals, name=None, **kw):
@@ -860,7 +888,7 @@ def nc_find_index8(dst, data, vals, name=None, **kw):
         hit = d == v
         idx = torch.where(hit.any(dim=2), hit.to(torch.int8).argmax(dim=2), torch.full((), -1))
         env.write(dst, idx.reshape(dst.shape))
-    _trace.record(instr, run, dst, data, vals)
+    _trace.record(instr, run, dst, data, vals, ir=("topk", {"dst": dst, "data": data, "vals": vals, "mode": 1}))
 
 
 def dropout(dst, data, prob, name=None, **kw):
@@ -869,11 +897,14 @@ def dropout(dst, data, prob, name=None, **kw):
     _checks.tile(instr, "data", data)
     _checks.same_shape(instr, ("dst", "data"), dst, data)
 
+    k, seed = _philox.stream(instr)
+
     def run(env):
         p = env.f32(prob).reshape(-1)[0].item() if isinstance(prob, NkiTensor) else float(prob)
         x = env.f32(data)
-        env.write(dst, torch.where(torch.rand(x.shape) >= p, x, torch.zeros(())))
-    _trace.record(instr, run, dst, data, *[t for t in (prob,) if isinstance(t, NkiTensor)])
+        env.write(dst, torch.where(_philox.uniform(env.key(), k, x.shape) >= p, x, torch.zeros(())))
+    ir = ("random", {"dst": dst, "seed": seed, "data": data, "prob": prob, "mode": 1, "stream": k})
+    _trace.record(instr, run, dst, data, seed, *[t for t in (prob,) if isinstance(t, NkiTensor)], ir=ir)
 
 
 from ._ops import OPS as _OPS  # noqa: E402

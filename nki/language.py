@@ -9,7 +9,7 @@ import math
 import torch
 
 from . import _checks, _dtypes, _target
-from . import _trace
+from . import _philox, _trace
 from ._dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float16, float32,  # noqa: F401
                       int8, int16, int32, tfloat32, uint8, uint16, uint32)
 from ._errors import NKIError, fail
@@ -85,9 +85,12 @@ def empty_like(a, dtype=None, buffer=None, name="", **kw):
 
 
 def rand(shape, dtype=float32, buffer=sbuf, name="", **kw):
-    """Uniform [0, 1) values (from torch's CPU generator)."""
+    """Uniform [0, 1) values: Philox keyed once per kernel call from torch's
+    generator (nki/_philox.py)."""
     t = ndarray(shape, dtype, buffer, name)
-    _trace.record("nki.language.rand", lambda env: env.write(t, torch.rand(t.shape)), t)
+    k, seed = _philox.stream("nki.language.rand")
+    _trace.record("nki.language.rand", lambda env: env.write(t, _philox.uniform(env.key(), k, t.shape)), t, seed,
+                  ir=("random", {"dst": t, "seed": seed, "data": None, "prob": 0.0, "mode": 0, "stream": k}))
     return t
 
 
@@ -343,6 +346,9 @@ def _reduction_ir(name, x, axes, out):
         # torch's CPU mean: the sum, then a division by the count (in fp32).
         s = _temp((x.shape[0], groups))
         return ("seq", {"parts": [_reduce_part(s, x, "add", axes), _scalar_part(out, s, "divide", m)]})
+    if name == "prod":
+        from .isa import _product_parts
+        return _product_parts(out, x, axes)
     if name == "var":
         return ("variance", {"dst": out, "data": x, "axes": axes})
     if name == "all":
@@ -521,18 +527,30 @@ def dropout(x, rate, dtype=None, **kw):
     _checks.tile(instr, "x", x)
     out = _result(x.shape, dtype or x.dtype)
 
+    k, seed = _philox.stream(instr)
+
     def run(env):
         v = env.f32(x)
         r = float(rate) if not isinstance(rate, NkiTensor) else env.f32(rate).reshape(-1)[0].item()
-        keep = torch.rand(v.shape) >= r
+        keep = _philox.uniform(env.key(), k, v.shape) >= r
         env.write(out, torch.where(keep, v / (1 - r), torch.zeros(())))
-    _trace.record(instr, run, out, *_tensors(x, rate))
+    ir = ("random", {"dst": out, "seed": seed, "data": x, "prob": rate, "mode": 2, "stream": k})
+    _trace.record(instr, run, out, seed, *_tensors(x, rate), ir=ir)
     return out
 
 
+PRINT = "nki.print"  # storages of device_print snapshots (bound by the native executor)
+
+
 def device_print(prefix, x, **kw):
+    """Prints ``prefix`` and the tile. The interpreter prints as it runs; the
+    native executor copies the tile into a snapshot buffer and prints the
+    snapshots in program order after the launch (the same text)."""
     _checks.tile("nki.language.device_print", "x", x, _checks.ANY)
-    _trace.record("nki.language.device_print", lambda env: builtins.print(prefix, env.view(x)), x)
+    snap = NkiTensor(_trace.current().new_storage(private_hbm, x.dtype, x.shape, PRINT), x.shape, _check=False)
+    snap.storage.print_prefix = prefix
+    _trace.record("nki.language.device_print", lambda env: builtins.print(prefix, env.view(x)), x, snap,
+                  ir=("copy", {"dst": snap, "src": x}))
 
 
 # -- SPMD and loops --------------------------------------------------------

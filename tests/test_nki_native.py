@@ -158,19 +158,34 @@ def test_native_precise_fp_off(dtype, monkeypatch):
     _both(K.rmsnorm_wide, x, w, 1e-6, monkeypatch=monkeypatch)
 
 
+@nki.jit
+def _repeat_add(x):
+    # A device loop (tile-valued condition): the one construct the executor does not cover.
+    a = nl.load(x)
+    n = nl.full((1, 1), 3, nl.float32)
+    acc = nl.copy(a)
+
+    def body(state):
+        cnt, t = state
+        nisa.tensor_scalar(dst=cnt, data=cnt, op0=nl.subtract, operand0=1.0)
+        nisa.tensor_tensor(dst=t, data1=t, data2=a, op=nl.add)
+        return state
+    nl.while_loop(lambda state: nl.greater(state[0], 0.0), body, (n, acc))
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, acc)
+    return out
+
+
 def test_native_uncovered_kernel(monkeypatch):
-    # uint32 tiles are not covered by the native executor (torch converts
-    # floats to uint32 through int64, with its own overflow rules).
-    a = torch.randint(0, 100, (128, 512), dtype=torch.int32).to(torch.uint32).to("neuron")
-    b = torch.randint(0, 100, (128, 512), dtype=torch.int32).to(torch.uint32).to("neuron")
+    a = torch.randint(0, 100, (128, 512), dtype=torch.int32).to("neuron")
     monkeypatch.setenv("NKI_EXECUTOR", "native")
-    with pytest.raises(nki.NKIError, match="native executor does not cover.*uint32"):
-        K.tensor_add(a, b)
-    ref = _run("interpreter", K.tensor_add, a, b, monkeypatch=monkeypatch)
-    auto = _run("auto", K.tensor_add, a, b, monkeypatch=monkeypatch)  # falls back to the interpreter
+    with pytest.raises(nki.NKIError, match="native executor does not cover.*while_loop"):
+        _repeat_add(a)
+    ref = _run("interpreter", _repeat_add, a, monkeypatch=monkeypatch)
+    auto = _run("auto", _repeat_add, a, monkeypatch=monkeypatch)  # falls back to the interpreter
     _identical(auto, ref)
     assert auto.device.type == "neuron"
-    assert torch.equal(auto.cpu().to(torch.int64), a.cpu().to(torch.int64) + b.cpu().to(torch.int64))
+    assert torch.equal(auto.cpu(), a.cpu() * 4)
 
 
 def test_executor_env_checked(monkeypatch):

@@ -18,7 +18,7 @@ at::ScalarType scalar_type(int64_t dtype) {
   // In nk::DType order (csrc/runtime/nki/Program.h).
   constexpr at::ScalarType types[nk::kNumDTypes] = {at::kFloat, at::kBFloat16, at::kHalf, at::kFloat8_e4m3fn,
                                                     at::kFloat8_e5m2, at::kInt, at::kShort, at::kChar,
-                                                    at::kByte, at::kUInt16};
+                                                    at::kByte, at::kUInt16, at::kUInt32, at::kBool};
   return types[dtype];
 }
 

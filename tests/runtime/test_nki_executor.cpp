@@ -453,3 +453,87 @@ TEST(NkiExecutor, BitvectorRecords) {
   std::vector<nk::Buffer> fbufs = {{nk::F32, P * F, -1}};
   EXPECT_THROW(nk::Program(bad.words, bad.imms, fbufs, 64, "bad"), neuronrt::Error);
 }
+
+namespace {
+int64_t* whole(int64_t* w) {
+  w[nk::kWholeWord] = 1;
+  return w;
+}
+}  // namespace
+
+// OP_PRED: a reduction over the partitions, in partition order; one thread.
+TEST(NkiExecutor, PartitionReduceRecord) {
+  const int64_t P = 3, F = 2;
+  Table t;
+  whole(t.add({nk::OP_PRED, 0, 0, nk::A_ADD}, {rows(1, 1, F), rows(0, P, F)}));
+  whole(t.add({nk::OP_PRED, 0, 0, nk::A_MUL}, {rows(2, 1, F), rows(0, P, F)}));
+  whole(t.add({nk::OP_PRED, 0, 0, nk::A_MAX}, {rows(3, 1, F), rows(0, P, F)}));
+  std::vector<nk::Buffer> bufs = {{nk::F32, P * F, -1}, {nk::F32, F, -1}, {nk::F32, F, -1}, {nk::I32, F, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "pred");
+  std::vector<float> x = {1e8f, 2.0f, -1e8f, 3.0f, 1.0f, -4.0f}, sum(F), prod(F);
+  std::vector<int32_t> mx(F);
+  nk::execute(prog, {x.data(), sum.data(), prod.data(), mx.data()}, 2);
+  EXPECT_EQ(sum[0], (1e8f + -1e8f) + 1.0f);  // in order: 1, not 0
+  EXPECT_EQ(sum[1], 1.0f);
+  EXPECT_EQ(prod[1], -24.0f);
+  EXPECT_EQ(mx[0], 100000000);
+  EXPECT_EQ(mx[1], 3);
+  Table bad;  // must run whole
+  bad.add({nk::OP_PRED, 0, 0, nk::A_ADD}, {rows(1, 1, F), rows(0, P, F)});
+  EXPECT_THROW(nk::Program(bad.words, bad.imms, bufs, 64, "bad"), neuronrt::Error);
+}
+
+// OP_TOPK: max8 (NaN first, descending) and find_index8 (-1 as uint32 when absent).
+TEST(NkiExecutor, TopKRecords) {
+  const int64_t P = 1, F = 10;
+  Table t;
+  t.add({nk::OP_TOPK, 0, 0, 0}, {rows(1, P, 8), rows(0, P, F)});
+  t.add({nk::OP_TOPK, 0, 0, 1}, {rows(2, P, 8), rows(0, P, F), rows(1, P, 8)});
+  std::vector<nk::Buffer> bufs = {{nk::F32, F, -1}, {nk::F32, 8, -1}, {nk::U32, 8, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "topk");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {3, 9, 1, nan, 7, 7, -2, 5, 0, 8}, top(8);
+  std::vector<uint32_t> idx(8);
+  nk::execute(prog, {x.data(), top.data(), idx.data()}, 1);
+  EXPECT_TRUE(std::isnan(top[0]));
+  EXPECT_EQ(std::vector<float>(top.begin() + 1, top.end()), (std::vector<float>{9, 8, 7, 7, 5, 3, 1}));
+  EXPECT_EQ(idx, (std::vector<uint32_t>{0xFFFFFFFFu, 1, 9, 4, 4, 7, 0, 2}));
+}
+
+// OP_RAND: Philox4x32-10 words of (key, element / 4, subsequence), top 24 bits.
+TEST(NkiExecutor, RandomRecordIsPhilox) {
+  const int64_t P = 2, F = 5;
+  Table t;
+  whole(t.add({nk::OP_RAND, 0, 0, 0, 3, 0}, {rows(1, P, F), rows(0, 1, 2)}));
+  whole(t.add({nk::OP_RAND, 0, 0, 1, 3, 1}, {rows(3, P, F), rows(0, 1, 2), rows(2, P, F)}, 0.5));
+  std::vector<nk::Buffer> bufs = {{nk::U32, 2, -1}, {nk::F32, P * F, -1}, {nk::F32, P * F, -1}, {nk::BOOL, P * F, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "rand");
+  const uint64_t key = 0x0123456789ABCDEFull;
+  std::vector<uint32_t> seed = {uint32_t(key), uint32_t(key >> 32)};
+  std::vector<float> u(P * F), x(P * F, 2.0f);
+  std::vector<uint8_t> kept(P * F);
+  nk::execute(prog, {seed.data(), u.data(), x.data(), kept.data()}, 1);
+  for (int64_t i = 0; i < P * F; ++i) {
+    const auto r = neuronrt::philox4x32(key, uint64_t(i / 4), 3);
+    const float want = float(r[i % 4] >> 8) * (1.0f / 16777216.0f);
+    EXPECT_EQ(u[i], want) << i;
+    EXPECT_EQ(kept[i], want >= 0.5f ? 1 : 0) << i;  // bool dst: x != 0
+  }
+}
+
+// uint32 and bool stores: through int64 for uint32 (-1 wraps; NaN gives 0), x != 0 for bool.
+TEST(NkiExecutor, Uint32AndBoolStores) {
+  const int64_t F = 6;
+  Table t;
+  t.add({nk::OP_COPY}, {rows(1, 1, F), rows(0, 1, F)});
+  t.add({nk::OP_COPY}, {rows(2, 1, F), rows(0, 1, F)});
+  std::vector<nk::Buffer> bufs = {{nk::F32, F, -1}, {nk::U32, F, -1}, {nk::BOOL, F, -1}};
+  nk::Program prog(t.words, t.imms, bufs, 64, "u32");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {-1.0f, 2.5f, 3.5f, 4e9f, nan, -0.0f};
+  std::vector<uint32_t> u(F);
+  std::vector<uint8_t> b(F);
+  nk::execute(prog, {x.data(), u.data(), b.data()}, 1);
+  EXPECT_EQ(u, (std::vector<uint32_t>{0xFFFFFFFFu, 2, 4, 4000000000u, 0, 0}));
+  EXPECT_EQ(b, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
+}

@@ -15,6 +15,7 @@
 #endif
 
 #include "Program.h"
+#include "csrc/runtime/Philox.h"
 
 namespace neuronrt::nki::detail {
 

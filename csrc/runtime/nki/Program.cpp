@@ -143,6 +143,29 @@ void Program::check_record(int64_t i) const {
       fail("matmul shapes do not match: stationary [K, M], moving [K, N], dst [M, N] with K, M <= 128");
     return;
   }
+  if (opcode == OP_PRED) {
+    // w[3] op (add, multiply, maximum, minimum)
+    if (!whole) fail("a partition reduction must run whole");
+    if (w[3] != A_ADD && w[3] != A_MUL && w[3] != A_MAX && w[3] != A_MIN) fail("partition reduction of an unsupported op");
+    if (dst.shape[0] != 1 || free_numel(dst) != free_numel(data)) fail("a partition reduction's dst is not [1, F]");
+    return;
+  }
+  if (opcode == OP_RAND) {
+    // w[3] mode, w[4] subsequence, w[5] 1 when view 2 (data) is present, w[6] slot of a rate tile
+    // (-1: imm[0], imm[1]); view 1: the key, two uint32.
+    if (w[3] < 0 || w[3] > 2) fail("unknown random mode " + std::to_string(w[3]));
+    if (w[4] < 0) fail("negative Philox subsequence");
+    if (dtypes_[data.buf] != U32 || data.ndim != 2 || data.shape[0] != 1 || data.shape[1] != 2)
+      fail("the Philox key is not a [1, 2] uint32 view");
+    if (dst.shape[0] > kPartitions) fail("random values for more than 128 partitions");
+    if ((w[5] != 0) != (w[3] != 0)) fail("dropout needs data (view 2), rand none");
+    if (w[5] && (view(i, 2).ndim == 0 || view(i, 2).shape[0] != dst.shape[0] ||
+                 free_numel(view(i, 2)) != free_numel(dst)))
+      fail("dropout data does not match dst");
+    if (w[6] != -1 && (w[3] == 0 || w[6] < 2 || w[6] >= kMaxViews || view(i, w[6]).ndim == 0))
+      fail("the dropout rate slot names no view");
+    return;
+  }
   if (opcode == OP_COPY) {
     int64_t a = 1, b = 1;
     for (int d = 0; d < dst.ndim; ++d) a *= dst.shape[d];
@@ -249,11 +272,18 @@ void Program::check_record(int64_t i) const {
       }
       break;
     }
+    case OP_TOPK:
+      // w[3] 0: max8 (dst [P, 8] of data [P, n >= 8]); 1: find_index8 (view 2: vals [P, 8]).
+      if (w[3] != 0 && w[3] != 1) fail("unknown top-8 mode " + std::to_string(w[3]));
+      if (dn != 8 || n < 8 || n > 16384) fail("top-8 shapes: dst [P, 8], data [P, 8..16384]");
+      if (w[3] == 1 && (view(i, 2).ndim == 0 || view(i, 2).shape[0] != P || free_numel(view(i, 2)) != 8))
+        fail("find_index8 needs vals [P, 8]");
+      return;
     case OP_VAR:
       if (w[3] < 1 || n % w[3] != 0 || dn != n / w[3]) fail("variance groups do not divide the row");
       return;
     case OP_TRED:
-      if (w[3] != A_ADD && w[3] != A_MAX && w[3] != A_MIN) fail("tensor_reduce of an unsupported op");
+      if (w[3] != A_ADD && w[3] != A_MUL && w[3] != A_MAX && w[3] != A_MIN) fail("tensor_reduce of an unsupported op");
       if (w[4] < 1 || n % w[4] != 0 || dn != n / w[4]) fail("tensor_reduce groups do not divide the row");
       return;
   }

@@ -30,11 +30,14 @@ constexpr int64_t kStreamBytes = int64_t(8) << 20;
 // conversion rules, so the interpreter's `.to(float32)` and `copy_` agree.
 enum DType : int64_t {
   F32 = 0, BF16 = 1, F16 = 2, F8E4M3 = 3,  // F8E4M3: torch.float8_e4m3fn (no infinities)
-  F8E5M2 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8, U16 = 9, kNumDTypes
+  F8E5M2 = 4, I32 = 5, I16 = 6, I8 = 7, U8 = 8, U16 = 9,
+  U32 = 10,   // float -> uint32 as torch on x86 (Kernels.inc f32_to_u32)
+  BOOL = 11,  // one byte, 0 or 1; float -> bool is x != 0 (NaN is true)
+  kNumDTypes
 };
 
 inline int64_t itemsize(int64_t dtype) {
-  constexpr int64_t sizes[kNumDTypes] = {4, 2, 2, 1, 1, 4, 2, 1, 1, 2};
+  constexpr int64_t sizes[kNumDTypes] = {4, 2, 2, 1, 1, 4, 2, 1, 1, 2, 4, 1};
   return sizes[dtype];
 }
 inline bool is_integral(int64_t dtype) { return dtype >= I32; }
@@ -55,6 +58,9 @@ enum Opcode : int64_t {
   OP_REG = 12,  // accumulator registers <- a [P, 1] reduction (reduce_cmd), then (-)registers -> reduce_res
   OP_VAR = 13,  // population variance of each group of w[3] trailing elements (torch's Welford, in double)
   OP_BITS = 14, // bitvector ops on integer rows in int64 (tensor_tensor, tensor_scalar or an and/or reduction)
+  OP_PRED = 15, // dst[1, F] = a reduction over the partitions of data[P, F] (w[3] op), one thread
+  OP_TOPK = 16, // per row: w[3] 0: the 8 largest of data, descending (max8); 1: the first index of each of vals' 8 in data (-1: none)
+  OP_RAND = 17, // Philox uniforms (nki/_philox.py): w[3] 0 rand, 1 nisa.dropout, 2 nl.dropout; w[4] subsequence
   kNumOpcodes
 };
 
@@ -62,6 +68,7 @@ enum Alu : int64_t {
   A_ADD = 0, A_SUB, A_MUL, A_DIV, A_MAX, A_MIN,
   A_EQ, A_NE, A_GT, A_GE, A_LT, A_LE,
   A_FMOD, A_LAND, A_LOR, A_LXOR,  // fmod is exact; the logical ops give 1.0/0.0 (nonzero, NaN included, is true)
+  A_POW,  // libm's powf: within a few ulp of torch's pow (Sleef), docs/nki.md
   kNumAlu
 };
 
