@@ -39,9 +39,11 @@ RunRecord pick_kernels() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("fma"))
     return detail::avx512::run_record;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return detail::avx2::run_record;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+    return detail::avx2::run_record;
 #endif
   return detail::generic::run_record;
 }
