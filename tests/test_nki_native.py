@@ -82,6 +82,30 @@ def test_native_threads_identical(threads, monkeypatch):
         torch.set_num_threads(old)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_matmul_rows_split_identical(dtype, monkeypatch):
+    # Each thread computes its partitions' rows of a matmul: the same bits as
+    # one thread (tiled matmuls accumulating in PSUM; attention heads whose
+    # last query tile is partial, with transposes and softmax between them).
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(256, 128, generator=g).to(dtype), torch.randn(256, 1024, generator=g).to(dtype)
+    q, k, v = (torch.randn(s, 64, generator=g).to(dtype) for s in (200, 256, 256))
+    old = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs[threads] = (K.matmul_tiled(a.to("neuron"), b.to("neuron")).cpu(),
+                             K.attention_head(q.to("neuron"), k.to("neuron"), v.to("neuron"), 0.125).cpu())
+    finally:
+        torch.set_num_threads(old)
+    for threads in (2, 3):
+        for got, ref in zip(outs[threads], outs[1]):
+            _identical(got, ref)
+
+
 @nki.jit
 def _row_sums(x):
     """Sum of squares per row through activation_reduce, and plain row sums

@@ -255,7 +255,12 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     if (w[kWholeWord] != 0) {
       sc.prefetch.clear();
       if (sync) sync->arrive_and_wait();
-      if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
+      // A matmul's output rows are independent: each thread computes its
+      // partitions' rows (unless dst shares a buffer with an operand).
+      const bool split = sync && w[0] == OP_MM && prog.view(i, 0).buf != prog.view(i, 1).buf &&
+                         prog.view(i, 0).buf != prog.view(i, 2).buf;
+      if (split) run_record(c, i, lo, hi, false, sc);
+      else if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
       if (sync) sync->arrive_and_wait();
       ++i;
       continue;
