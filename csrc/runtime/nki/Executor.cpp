@@ -302,6 +302,14 @@ int useful_threads(const Program& prog, const std::vector<std::pair<char*, char*
   int64_t bytes = 0;
   for (const auto& s : spans) bytes += s.second - s.first;
   while (nt > 1 && bytes < kSmallBytes * nt) --nt;
+  // Each whole record and barrier is a meeting of all threads (two for a whole
+  // record): a program meeting more often than every kSmallBytes of its data
+  // (an attention head: a matmul and transposes per query tile) runs on one
+  // thread. Attention 512x64 at 2 threads took 1.5-8x its time at 1.
+  int64_t meetings = 0;
+  for (int64_t i = 0; i < prog.size(); ++i)
+    meetings += prog.record(i)[kWholeWord] != 0 ? 2 : prog.record(i)[kBarrierWord] != 0 ? 1 : 0;
+  if (nt > 1 && meetings * kSmallBytes > bytes) nt = 1;
   int64_t parts = 0;
   for (int64_t i = 0; i < prog.size() && nt > 1; ++i) {
     if (prog.record(i)[kWholeWord] != 0) continue;  // runs on thread 0 anyway
