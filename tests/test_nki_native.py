@@ -82,6 +82,30 @@ def test_native_threads_identical(threads, monkeypatch):
         torch.set_num_threads(old)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_matmul_rows_split_identical(dtype, monkeypatch):
+    # Each thread computes its partitions' rows of a matmul: the same bits as
+    # one thread (tiled matmuls accumulating in PSUM; attention heads whose
+    # last query tile is partial, with transposes and softmax between them).
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(256, 128, generator=g).to(dtype), torch.randn(256, 1024, generator=g).to(dtype)
+    q, k, v = (torch.randn(s, 64, generator=g).to(dtype) for s in (200, 256, 256))
+    old = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs[threads] = (K.matmul_tiled(a.to("neuron"), b.to("neuron")).cpu(),
+                             K.attention_head(q.to("neuron"), k.to("neuron"), v.to("neuron"), 0.125).cpu())
+    finally:
+        torch.set_num_threads(old)
+    for threads in (2, 3):
+        for got, ref in zip(outs[threads], outs[1]):
+            _identical(got, ref)
+
+
 @nki.jit
 def _row_sums(x):
     """Sum of squares per row through activation_reduce, and plain row sums
@@ -106,6 +130,49 @@ def test_native_sum_order_is_torchs(dtype, monkeypatch):
     for F in list(range(1, 80)) + [127, 128, 129, 255, 256, 257, 1000, 2048, 4097, 16384, 40000]:
         x = (torch.randn(5, F) * 1000).to(dtype)
         _both(_row_sums, x, monkeypatch=monkeypatch)
+
+
+@nki.jit
+def _row_extremes(x):
+    """Row maxima and minima through tensor_reduce (negated too)."""
+    P, F = x.shape
+    out = nl.ndarray((P, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nl.ndarray((P, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=r[:, 0:1], op=nl.maximum, data=t, axis=1, keepdims=True)
+    nisa.tensor_reduce(dst=r[:, 1:2], op=nl.minimum, data=t, axis=1, keepdims=True)
+    nisa.tensor_reduce(dst=r[:, 2:3], op=nl.maximum, data=t, axis=1, keepdims=True, negate=True)
+    nisa.tensor_reduce(dst=r[:, 3:4], op=nl.minimum, data=t, axis=1, keepdims=True, negate=True)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_extremes_edges(dtype, monkeypatch):
+    # Rows long enough for the 16-lane max/min: NaN (first, in the lanes, in the
+    # tail, two different payloads), ties of +0 and -0 in either order (the sign
+    # of the first one wins), infinities, and all-equal rows.
+    for F in (64, 65, 100, 2048):
+        x = torch.randn(12, F)
+        x[0, 0] = float("nan")
+        x[1, 37] = float("nan")
+        x[2, F - 1] = float("nan")
+        x[3, 20], x[3, 50] = float("nan"), -float("nan")
+        x[4] = 0.0
+        x[4, F // 2:] = -0.0
+        x[5] = -0.0
+        x[5, 17] = 0.0
+        x[6] = -x[6].abs()
+        x[6, 8], x[6, 19] = 0.0, -0.0  # the max is a zero: the first one's sign (+0; lane 3's is -0)
+        x[7] = x[7].abs()
+        x[7, 5], x[7, 34] = 0.0, -0.0  # the min is a zero (+0 first; lane 2's is -0)
+        x[8, 9] = float("inf")
+        x[8, 60] = -float("inf")
+        x[9] = 1.5
+        x[10] = -x[10].abs() - 1
+        x[10, F - 1] = -0.5  # the max in the scalar tail
+        _both(_row_extremes, x.to(dtype), monkeypatch=monkeypatch)
 
 
 @nki.jit

@@ -39,9 +39,11 @@ RunRecord pick_kernels() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("fma"))
     return detail::avx512::run_record;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return detail::avx2::run_record;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+    return detail::avx2::run_record;
 #endif
   return detail::generic::run_record;
 }
@@ -253,7 +255,12 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     if (w[kWholeWord] != 0) {
       sc.prefetch.clear();
       if (sync) sync->arrive_and_wait();
-      if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
+      // A matmul's output rows are independent: each thread computes its
+      // partitions' rows (unless dst shares a buffer with an operand).
+      const bool split = sync && w[0] == OP_MM && prog.view(i, 0).buf != prog.view(i, 1).buf &&
+                         prog.view(i, 0).buf != prog.view(i, 2).buf;
+      if (split) run_record(c, i, lo, hi, false, sc);
+      else if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
       if (sync) sync->arrive_and_wait();
       ++i;
       continue;
@@ -295,6 +302,14 @@ int useful_threads(const Program& prog, const std::vector<std::pair<char*, char*
   int64_t bytes = 0;
   for (const auto& s : spans) bytes += s.second - s.first;
   while (nt > 1 && bytes < kSmallBytes * nt) --nt;
+  // Each whole record and barrier is a meeting of all threads (two for a whole
+  // record): a program meeting more often than every kSmallBytes of its data
+  // (an attention head: a matmul and transposes per query tile) runs on one
+  // thread. Attention 512x64 at 2 threads took 1.5-8x its time at 1.
+  int64_t meetings = 0;
+  for (int64_t i = 0; i < prog.size(); ++i)
+    meetings += prog.record(i)[kWholeWord] != 0 ? 2 : prog.record(i)[kBarrierWord] != 0 ? 1 : 0;
+  if (nt > 1 && meetings * kSmallBytes > bytes) nt = 1;
   int64_t parts = 0;
   for (int64_t i = 0; i < prog.size() && nt > 1; ++i) {
     if (prog.record(i)[kWholeWord] != 0) continue;  // runs on thread 0 anyway
