@@ -24,7 +24,7 @@ for mod in (torch_neuronx, torch_neuronx.neuron, torch_neuronx._C, nki):
     assert mod.__file__.startswith(venv), f"imported {mod.__file__}, not the wheel in {venv}"
 assert torch.neuron is torch_neuronx.neuron
 # AOTInductor precompiles the neuron device header from the installed package.
-from torch_neuronx._inductor import _AOTI_INCLUDE
+from torch_neuronx._compile.cpp_wrapper import AOTI_INCLUDE as _AOTI_INCLUDE
 import os
 assert os.path.isfile(os.path.join(_AOTI_INCLUDE, "torch/csrc/inductor/aoti_include/neuron.h")), _AOTI_INCLUDE
 x = torch.arange(6, dtype=torch.float32)

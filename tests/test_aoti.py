@@ -106,12 +106,13 @@ def test_aoti_finds_the_neuron_device_header(block_package):
     import os
 
     from torch._inductor.codecache import _get_cpp_wrapper_header
-    from torch_neuronx import _inductor
+    from torch_neuronx._compile import cpp_wrapper
 
     header = _get_cpp_wrapper_header("neuron", aot_mode=True)
-    assert os.path.join(_inductor._AOTI_INCLUDE, header) == _inductor._AOTI_HEADER
-    assert os.path.isfile(_inductor._AOTI_HEADER)
-    assert _inductor._AOTI_INCLUDE in os.environ["CPLUS_INCLUDE_PATH"].split(os.pathsep)
+    assert os.path.join(cpp_wrapper.AOTI_INCLUDE, header) == cpp_wrapper.AOTI_HEADER
+    assert os.path.isfile(cpp_wrapper.AOTI_HEADER)
+    assert cpp_wrapper.AOTI_INCLUDE in os.environ["CPLUS_INCLUDE_PATH"].split(os.pathsep)
+    assert not cpp_wrapper.aoti_header_missing()
 
 
 def test_package_is_a_neuron_package(block_package):

@@ -130,7 +130,7 @@ def test_sdpa_choice_follows_cpu_for_a_mask_strided_in_its_last_dim():
 
 def test_sdpa_compiled_with_cpp_wrapper_matches_cpu():
     # C++ wrappers call the host flash kernels by name in place of the fused
-    # ops (torch_neuronx/_inductor_attention.py), forward and backward.
+    # ops (torch_neuronx/_compile/attention.py), forward and backward.
     import torch._inductor.config as inductor_config
 
     torch._dynamo.reset()

@@ -343,7 +343,7 @@ def _kernel_calls(code):
 def test_cat_lowers_as_on_cpu():
     # Inductor's C++ backend does not vectorize pointwise cats, so Inductor
     # lowers CPU cats to ConcatKernels; neuron's kernels come from that
-    # backend and follow the same rule (torch_neuronx/_inductor_cat.py).
+    # backend and follow the same rule (torch_neuronx/_compile/cat.py).
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
     def fn(a, b):

@@ -314,7 +314,7 @@ def test_autoload_on_import_torch_and_stays_light():
     assert off["after_import"] == [2.0, 2.0]
     assert "torch_neuronx" not in off["modules"]
     # Autoload adds only torch-neuronx's own modules, none of the heavy torch subsystems.
-    # The FlexAttention compatibility step (torch_neuronx/_compat_flex_attention.py)
+    # The FlexAttention compatibility step (torch_neuronx/_compile/flex_device_check.py)
     # must be in place before user code imports flex_attention: it imports that
     # module (two modules, ~5 ms, no Dynamo).
     flex = {"torch.nn.attention._utils", "torch.nn.attention.flex_attention"}

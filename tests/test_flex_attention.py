@@ -70,13 +70,13 @@ def _check_forward_backward(fn, dtype):
 
 
 def test_validate_device_step():
-    """Why torch_neuronx/_compat_flex_attention.py exists: this torch's
+    """Why torch_neuronx/_compile/flex_device_check.py exists: this torch's
     flex_attention rejects every device outside a fixed set, neuron included.
     The step is applied exactly when it is needed, and with it flex_attention
     accepts neuron tensors (without it, the call below raises ValueError)."""
     import torch.nn.attention.flex_attention as flex
 
-    from torch_neuronx import _compat_flex_attention as compat
+    from torch_neuronx._compile import flex_device_check as compat
 
     # Applied by `import torch_neuronx`, exactly when torch's check rejects neuron.
     applied = hasattr(flex._validate_device, "_neuron_compat_original")

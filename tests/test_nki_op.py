@@ -111,7 +111,7 @@ def test_compile_fullgraph_keeps_op():
 
     def counting_backend(gm, example_inputs):
         seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
-        from torch_neuronx._dynamo import neuron_backend
+        from torch_neuronx._compile.dynamo import neuron_backend
         return neuron_backend(gm, example_inputs)
 
     a, b = torch.randn(64, 32), torch.randn(64, 32)

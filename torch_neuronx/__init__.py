@@ -53,20 +53,16 @@ if not hasattr(torch.Tensor, "is_neuron"):
 
 _SUPPORTED_OPS = tuple(sorted(_C._register_host_kernels()))
 
-# torch's FlexAttention accepts only a fixed set of devices (see the module).
-from . import _compat_flex_attention  # noqa: E402
+# The compile levers pulled at import (FlexAttention's device check, the
+# product's cache directory): torch_neuronx/_compile lists every lever.
+from . import _compile  # noqa: E402
 
-_compat_flex_attention.install()
+_compile.install("import")
 
 # The `neuron` torch.distributed backend (torch.distributed is already imported).
 from . import distributed as _distributed  # noqa: E402
 
 _distributed._register()
-
-# The vendor product's compile-cache directory is Inductor's here.
-from . import _env  # noqa: E402
-
-_env.apply_cache_dir()
 
 from . import utils  # noqa: E402,F401  (torch_neuronx.utils: product scripts import it)
 from ._op_support import (  # noqa: E402,F401
@@ -115,8 +111,8 @@ def __getattr__(name):
         return nki
     # Compile metrics load torch._dynamo: only when asked for.
     if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
-        from . import _dynamo
-        return getattr(_dynamo, name)
+        from ._compile import dynamo
+        return getattr(dynamo, name)
     raise AttributeError(f"module 'torch_neuronx' has no attribute '{name}'")
 
 

@@ -214,13 +214,14 @@ def __getattr__(name):
     # for `neuron`; importing the compiler integration only then keeps
     # `import torch` free of Dynamo/Inductor.
     if name in _COMPILER_ATTRS:
-        from .. import _inductor
+        from .. import _compile
+        from .._compile import device
 
-        _inductor.register()
-        return getattr(_inductor, name)
+        _compile.install("inductor")
+        return getattr(device, name)
     if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):
-        from .. import _dynamo
+        from .._compile import dynamo
 
-        return getattr(_dynamo, name)
+        return getattr(dynamo, name)
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 

@@ -15,8 +15,6 @@ ops (their fallbacks pass ``None`` through).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch._inductor.virtualized import V
 
@@ -53,9 +51,8 @@ def fused_attention_backward(grad_out, query, key, value, attn_bias, grad_input_
     return *grads, None
 
 
-@functools.cache
 def register() -> None:
-    from torch._inductor.lowering import user_lowerings
+    from .lowering import chain
 
-    user_lowerings[aten._scaled_dot_product_fused_attention_overrideable.default] = fused_attention
-    user_lowerings[aten._scaled_dot_product_fused_attention_overrideable_backward.default] = fused_attention_backward
+    chain(aten._scaled_dot_product_fused_attention_overrideable.default, fused_attention)
+    chain(aten._scaled_dot_product_fused_attention_overrideable_backward.default, fused_attention_backward)

@@ -11,14 +11,13 @@ rule tests the device type, so neuron cats took the GPU heuristics and ran
 scalar loops: in a FLUX transformer, GELU's tanh and a concatenation then
 cost 15 % of a compiled step that CPU runs vectorized.
 
-This user lowering applies CPU's rule to neuron cats; the generated graph is
-then the one Inductor generates for CPU. Everything else (one input, empty
-1-D inputs skipped by ATen, all-int8 cats, ``force_pointwise_cat``) goes to
-Inductor's lowering unchanged.
+This lowering (chained into Inductor's user lowerings, lowering.py) applies
+CPU's rule to neuron cats; the generated graph is then the one Inductor
+generates for CPU. Everything else (other devices, one input, empty 1-D
+inputs skipped by ATen, all-int8 cats, ``force_pointwise_cat``) goes on to
+the previous lowering unchanged.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -51,8 +50,7 @@ def cat(inputs, dim=0):
     return ir.TensorBox(ir.ConcatKernel.create([to_dtype(x, dtype) for x in inputs], dim))
 
 
-@functools.cache
 def register() -> None:
-    from torch._inductor.lowering import user_lowerings
+    from .lowering import chain
 
-    user_lowerings[aten.cat.default] = cat
+    chain(aten.cat.default, cat)

@@ -12,20 +12,18 @@ The kernel holds its tensors' storages until it has run.
 
 The wrapper passes the kernel's name as one more argument, for the profiler.
 A kernel without neuron tensors (a host kernel of a mixed graph) runs at once.
+The binding finds the launcher by asking ``torch_neuronx._C`` for its address
+when it loads; Inductor's own tensor-pointer helper comes, as for Inductor's
+bindings, from the variable Inductor sets before loading one.
 """
 from __future__ import annotations
 
-import os
 import textwrap
 
 from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.codecache import CppPythonBindingsCodeCache
 from torch._inductor.utils import clear_on_fresh_cache
 from torch.utils._ordered_set import OrderedSet
-
-# Read by the bindings when they load (named in suffix_template too).
-_LAUNCHER_ENV = "_TORCH_NEURONX_COMPILED_KERNEL_LAUNCHER"
-
 
 @clear_on_fresh_cache
 class NeuronKernelBindings(CppPythonBindingsCodeCache):
@@ -122,11 +120,27 @@ class NeuronKernelBindings(CppPythonBindingsCodeCache):
             return errno == 0 && end != s && *out != 0;
         }}
 
+        // launch_compiled_kernel's address, from torch_neuronx._C (csrc/python/CompiledKernels.cpp).
+        static bool _launcher_address(uintptr_t* out) {{
+            PyObject* module = PyImport_ImportModule("torch_neuronx._C");
+            if (!module) return false;
+            PyObject* address = PyObject_CallMethod(module, "_compiled_kernel_launcher", nullptr);
+            Py_DECREF(module);
+            if (!address) return false;
+            *out = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(address));
+            Py_DECREF(address);
+            return !PyErr_Occurred() && *out != 0;
+        }}
+
         PyMODINIT_FUNC PyInit_{entry_func}(void) {{
             uintptr_t data_ptr = 0, launch = 0;
-            if (!_read_address("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", &data_ptr) ||
-                !_read_address("_TORCH_NEURONX_COMPILED_KERNEL_LAUNCHER", &launch)) {{
-                PyErr_SetString(PyExc_RuntimeError, "neuron kernel binding: helper addresses are not set");
+            if (!_read_address("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", &data_ptr)) {{
+                PyErr_SetString(PyExc_RuntimeError, "neuron kernel binding: Inductor's tensor-pointer helper is not set");
+                return nullptr;
+            }}
+            if (!_launcher_address(&launch)) {{
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_RuntimeError, "neuron kernel binding: no launcher in torch_neuronx._C");
                 return nullptr;
             }}
             _torchinductor_pyobject_tensor_data_ptr = reinterpret_cast<decltype(_torchinductor_pyobject_tensor_data_ptr)>(data_ptr);
@@ -134,13 +148,6 @@ class NeuronKernelBindings(CppPythonBindingsCodeCache):
             return PyModule_Create(&py_module);
         }}
         """)
-
-    @classmethod
-    def _load_library_inner(cls, path: str, key: str):
-        from . import _C
-
-        os.environ[_LAUNCHER_ENV] = str(_C._compiled_kernel_launcher())
-        return super()._load_library_inner(path, key)
 
 
 class NeuronAsyncCompile(AsyncCompile):

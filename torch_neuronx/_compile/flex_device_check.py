@@ -1,11 +1,11 @@
-"""Compatibility step for torch releases whose FlexAttention rejects neuron.
+"""FlexAttention's device check accepts neuron (torch releases that reject it).
 
 ``torch.nn.attention.flex_attention.flex_attention`` checks the query's device
 against a fixed set (``_validate_device``: cuda, cpu, xpu, hpu, mps in torch
 2.13) before doing anything else, eager or under ``torch.compile``, and no
 registration API extends that set. Everything behind the check works for
 neuron: the eager path runs the HOP's math implementation on neuron tensors,
-and Inductor lowers the HOP through torch_neuronx/_inductor_flex.py.
+and Inductor lowers the HOP through flex.py.
 
 The step replaces the module's ``_validate_device`` with one that accepts
 neuron (forward and backward, as on CUDA) and defers to torch's check for
@@ -32,6 +32,13 @@ def torch_rejects_neuron(validate_device) -> bool:
     except ValueError:
         return True
     return False
+
+
+def torch_rejects_neuron_now() -> bool:
+    """Probe: this process's flex_attention rejects neuron tensors."""
+    import torch.nn.attention.flex_attention as flex
+
+    return torch_rejects_neuron(flex._validate_device)
 
 
 @functools.cache

@@ -1,0 +1,212 @@
+"""Dynamo integration: the ``neuron`` DeviceInterface and the ``"neuron"`` backend.
+
+Nothing here is imported by ``import torch``; it loads on the first
+``torch.compile`` that needs it (Inductor asks ``torch.neuron`` for its
+codegen classes, which installs the compile levers). The backend is
+registered once, by Dynamo itself, from the ``torch_dynamo_backends`` entry
+point (pyproject.toml) the first time ``backend="neuron"`` is looked up.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
+# Imported with this module, i.e. when torch.compile(backend="neuron") looks up
+# the backend, as Inductor's own backend imports it at torch.compile(): not in
+# the first call, which would pay the import (0.6 s) inside the first step.
+from torch._inductor.compile_fx import compile_fx
+
+from .. import _env
+
+log = logging.getLogger(__name__)
+
+
+class NeuronInterface(DeviceInterface):
+    device = torch.neuron.device  # type: ignore[assignment]
+    Event = torch.neuron.Event  # type: ignore[assignment]
+    Stream = torch.neuron.Stream  # type: ignore[assignment]
+
+    class Worker:
+        @staticmethod
+        def set_device(device: int) -> None:
+            torch.neuron.set_device(device)
+
+        @staticmethod
+        def current_device() -> int:
+            return torch.neuron.current_device()
+
+        @staticmethod
+        def get_device_properties(device=None):
+            return torch.neuron.get_device_properties(device)
+
+    current_device = staticmethod(torch.neuron.current_device)
+    set_device = staticmethod(torch.neuron.set_device)
+    device_count = staticmethod(torch.neuron.device_count)
+    is_available = staticmethod(torch.neuron.is_available)
+    stream = staticmethod(torch.neuron.stream)
+    current_stream = staticmethod(torch.neuron.current_stream)
+    set_stream = staticmethod(torch.neuron.set_stream)
+    synchronize = staticmethod(torch.neuron.synchronize)
+    memory_allocated = staticmethod(torch.neuron.memory_allocated)
+
+    @staticmethod
+    def maybe_exchange_device(device: int) -> int:
+        if device < 0 or device >= torch.neuron.device_count():
+            return torch.neuron.current_device()
+        return torch_neuronx_C()._exchange_device(device)
+
+    @staticmethod
+    def exchange_device(device: int) -> int:
+        return torch_neuronx_C()._exchange_device(device)
+
+    @staticmethod
+    def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
+        torch.accelerator.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index,
+                                                  device_type=device_type))
+
+    @staticmethod
+    def get_raw_stream(device_idx: int) -> int:
+        # Host kernels take no stream handle; launches are ordered by the runtime.
+        return 0
+
+    @classmethod
+    def get_device_properties(cls, device=None):
+        return torch.neuron.get_device_properties(device)
+
+    @staticmethod
+    def get_compute_capability(device=None) -> str:
+        major, minor = torch.neuron.get_device_capability(device)
+        return f"neuron{major}{minor}"
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = False) -> bool:
+        return True
+
+    @staticmethod
+    def is_triton_capable(device=None) -> bool:
+        return False
+
+    @classmethod
+    def raise_if_triton_unavailable(cls, device=None) -> None:
+        raise RuntimeError("neuron kernels are generated as C++ host kernels, not Triton")
+
+
+def torch_neuronx_C():
+    from .. import _C
+
+    return _C
+
+
+@functools.cache
+def register_device_interface() -> None:
+    register_interface_for_device("neuron", NeuronInterface)
+    for i in range(torch.neuron.device_count()):
+        register_interface_for_device(f"neuron:{i}", NeuronInterface)
+
+
+# Compile ids ("frame/attempt") of the neuron compilations of this process,
+# noted by neuron_backend: torch 2.13 no longer counts recompiles, and counts
+# frames only outside fullgraph=True.
+_compile_ids: list = []
+_last_context = None
+
+
+def _note_compile() -> None:
+    from torch._guards import CompileContext
+
+    global _last_context
+    context = CompileContext.try_get()
+    # The graphs of one compilation (split by graph breaks) share its context.
+    if context is not None and context is not _last_context and context.compile_id is not None:
+        _last_context = context
+        _compile_ids.append(str(context.compile_id))
+
+
+def reset_dynamo_metrics() -> None:
+    """Starts get_dynamo_metrics() over: forgets this process's neuron
+    compilations and clears Dynamo's graph-break and graph counters."""
+    from torch._dynamo.utils import counters
+
+    global _last_context
+    _compile_ids.clear()
+    _last_context = None
+    counters["graph_break"].clear()
+    counters["stats"].pop("unique_graphs", None)
+
+
+def get_dynamo_metrics() -> dict:
+    """Compile counters of this process, for frames with neuron graphs:
+    compilations (``frames_total``/``frames_ok``; a failed one raises), of which
+    ``recompiles`` were later compilations of an already compiled frame; and
+    Dynamo's graph breaks and unique graphs."""
+    import re
+
+    from torch._dynamo.utils import counters
+
+    attempts = [re.match(r"\[?(\d+)/(\d+)", c) for c in _compile_ids]
+    attempts = [(int(m.group(1)), int(m.group(2))) for m in attempts if m]
+    return {
+        "frames_total": len(attempts),
+        "frames_ok": len(attempts),
+        "recompiles": sum(1 for _, a in attempts if a > 0),
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+    }
+
+
+# ---- the "neuron" backend -------------------------------------------------------
+
+_MODES = {
+    "default": {},
+    # CUDA graphs do not apply to host-runtime kernels; reduce-overhead compiles like default.
+    "reduce-overhead": {},
+    "max-autotune": {"max_autotune": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True},
+}
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """``torch.compile(model, backend="neuron")``: Inductor, with ``mode``
+    mapped to the Inductor options that apply to neuron (docs/compile.md) and
+    ``options`` passed through.
+
+    Neuron is registered with Inductor as a device (torch_neuronx._compile),
+    so this is the same lowering as default ``torch.compile``; graphs with no
+    neuron tensor compile exactly as CPU Inductor would.
+
+    The vendor product's options and variables apply (docs/compat.md):
+    ``options={"fallback_execution": True}`` or
+    ``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0`` run a graph that fails to
+    compile eagerly instead of raising; ``TORCH_NEURONX_DEBUG_DIR`` keeps each
+    graph's artifacts (FX graph, IR, generated code) there;
+    ``TORCH_NEURONX_DISABLE_NEFF_CACHE=1`` skips the persistent compile cache.
+    """
+    register_device_interface()
+    _note_compile()
+    mode = mode or "default"
+    if mode not in _MODES:
+        raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
+    options = dict(options or {})
+    fallback_execution = options.pop("fallback_execution", not _env.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"))
+    config_patches = {**_MODES[mode], **_env_patches(), **options, "triton.cudagraphs": False}
+    if not fallback_execution:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    try:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    except Exception as e:  # noqa: BLE001  (any compile failure: the graph runs eagerly, as asked)
+        log.warning("torch.compile(backend='neuron') failed to compile a graph; running it eagerly "
+                    "(fallback_execution): %s: %s", type(e).__name__, e)
+        return gm.forward
+
+
+def _env_patches() -> dict:
+    """Inductor config for the product's artifact and cache variables, scoped to neuron graphs."""
+    patches = {}
+    debug_dir = _env.path("TORCH_NEURONX_DEBUG_DIR")
+    if debug_dir:
+        patches.update({"trace.enabled": True, "trace.debug_dir": debug_dir})
+    if _env.neff_cache_disabled():
+        patches.update({"fx_graph_cache": False, "autotune_local_cache": False})
+    return patches
