@@ -85,15 +85,11 @@ def _create_backend(backend_opts, pg_options):
     options._timeout = timeout
     options.group_name = backend_opts.group_id
     options.global_ranks_in_group = list(backend_opts.global_ranks_in_group)
-    # Everything this backend rendezvous (Gloo's addresses, the shared-memory
-    # segment's name and who attached) lives under a per-attempt prefix of the
-    # group's store. A torchrun restart reuses the agent's store, where the
-    # previous attempt's keys remain: a rank would read a dead peer's Gloo
-    # address, or a stale "attached" flag and pick the shared-memory path while
-    # its peer took Gloo, and hang.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"neuron/{attempt}/", backend_opts.store)
-    transport = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), backend_opts.group_rank,
+    # The store protocol (a per-attempt prefix, the transport's keys below it)
+    # is defined once, in C++ (csrc/distributed/StoreKeys.h).
+    store = dist.PrefixStore(_C._distributed._attempt_prefix(), backend_opts.store)
+    transport_store = dist.PrefixStore(_C._distributed._TRANSPORT_PREFIX, store)
+    transport = dist.ProcessGroupGloo(transport_store, backend_opts.group_rank,
                                       backend_opts.group_size, timeout)
     return ProcessGroupNeuron(transport, backend_opts.group_rank, backend_opts.group_size, options, store=store)
 

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "csrc/distributed/ProcessGroupNeuron.h"
+#include "csrc/distributed/StoreKeys.h"
 
 namespace py = pybind11;
 
@@ -42,6 +43,10 @@ void init_distributed_bindings(py::module& m) {
   d.def("_quiesce_completions", &ProcessGroupNeuron::quiesceCompletions, py::arg("timeout"),
         py::call_guard<py::gil_scoped_release>(),
         "At exit: waits for completions on transport threads; later ones leak instead of taking the GIL");
+  // The store protocol (StoreKeys.h), for the root group built in Python.
+  d.def("_attempt_prefix", &c10d::neuron_pg::attempt_prefix,
+        "the store prefix of this attempt's keys (neuron/<TORCHELASTIC_RESTART_COUNT>/)");
+  d.attr("_TRANSPORT_PREFIX") = c10d::neuron_pg::kTransportPrefix;
 }
 
 }  // namespace torch_neuronx

@@ -154,7 +154,7 @@ void* CachingAllocator::allocate(int device, size_t size) {
       // Protect mode needs whole pages per segment.
       size_t align = protect_enabled() ? protect_page_size() : kAlignment;
       size_t bytes = (rounded + align - 1) / align * align;
-      if (shareable_ && rounded >= kShareableMin && shared_fds_ < shared_fd_budget()) {
+      if ((shareable_ || shareable_holds_ > 0) && rounded >= kShareableMin && shared_fds_ < shared_fd_budget()) {
         shared = create_shared_mapping((rounded + kPageBytes - 1) / kPageBytes * kPageBytes);
         ptr = shared.base;  // nullptr: fall back to private memory
         bytes = shared.bytes;
@@ -312,6 +312,15 @@ void CachingAllocator::set_memory_fraction(int device, double fraction) {
 void CachingAllocator::set_shareable(bool enabled) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   shareable_ = enabled;
+}
+
+std::shared_ptr<void> CachingAllocator::hold_shareable() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  ++shareable_holds_;
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    --shareable_holds_;
+  });
 }
 
 SharedBuffer CachingAllocator::shared_buffer(const void* ptr, size_t bytes) const {

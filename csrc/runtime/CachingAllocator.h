@@ -69,6 +69,10 @@ class CachingAllocator {
   // segments, and any beyond the fd budget, stay private.
   static constexpr size_t kShareableMin = size_t{256} << 10;
   void set_shareable(bool enabled);
+  // Shareable while the returned hold lives (counted): the device buffer
+  // locator (PeerMemory.h) takes one, so device memory is shareable exactly
+  // while an intra-node engine with peer access may publish it.
+  std::shared_ptr<void> hold_shareable();
   // The shareable segment holding [ptr, ptr + bytes) (serial 0 if none).
   SharedBuffer shared_buffer(const void* ptr, size_t bytes) const;
 
@@ -108,6 +112,7 @@ class CachingAllocator {
   std::map<uintptr_t, Block*> segments_;
   AllocatorObserver observer_ = nullptr;
   bool shareable_ = false;
+  size_t shareable_holds_ = 0;  // live hold_shareable() results
   size_t shared_fds_ = 0;         // open memfds of live shareable segments
   uint64_t shared_serial_ = 0;    // last serial handed out
   uint64_t shared_releases_ = 0;  // shareable segments released so far

@@ -20,7 +20,12 @@
 namespace neuronrt {
 
 BufferLocator device_buffer_locator() {
-  return [](const void* ptr, size_t bytes) { return CachingAllocator::instance().shared_buffer(ptr, bytes); };
+  // The locator keeps new large segments shareable while it lives: an engine
+  // keeps it only once peer access is on (ShmCollectives::enable_peer_access).
+  auto& allocator = CachingAllocator::instance();
+  return [&allocator, hold = allocator.hold_shareable()](const void* ptr, size_t bytes) {
+    return allocator.shared_buffer(ptr, bytes);
+  };
 }
 
 SharedMapping create_shared_mapping(size_t bytes) {

@@ -39,7 +39,10 @@ struct SharedBuffer {
 // Resolves a pointer range of this process to its shareable segment.
 using BufferLocator = std::function<SharedBuffer(const void* ptr, size_t bytes)>;
 
-// The locator over the caching allocator's shareable segments.
+// The locator over the caching allocator's shareable segments. While it (or
+// a copy) lives, the allocator makes new large segments shareable: the
+// runtime decides device memory is shareable for as long as an intra-node
+// group's engine holds this locator, and private again after the last.
 BufferLocator device_buffer_locator();
 
 // An anonymous memfd of `bytes` mapped read/write; -1 / nullptr on failure.

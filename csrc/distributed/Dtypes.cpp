@@ -1,0 +1,252 @@
+#include "csrc/distributed/Dtypes.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "csrc/aten/HostExecution.h"
+
+namespace c10d::neuron_pg {
+
+bool is_fp8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz ||
+         t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
+}
+
+// Element types Gloo's kernels are instantiated for.
+static bool gloo_has_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar: case at::kByte:
+    case at::kInt: case at::kLong: case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
+at::Tensor host_view(const at::Tensor& t) {
+  return at::neuron::host_alias(t);
+}
+
+std::vector<at::Tensor> host_view(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(host_view(t));
+  return out;
+}
+
+// The CPU view of `t` a data-movement collective hands the transport: the
+// alias, reinterpreted as bytes when Gloo has no kernels for its dtype (fp8,
+// int16, uint16-64, complex). Dimension 0 is kept, so all_to_all splits hold.
+at::Tensor to_host(const at::Tensor& t) {
+  at::Tensor h = host_view(t);
+  if (gloo_has_dtype(h.scalar_type()) || !h.defined()) return h;
+  if (h.dim() == 0) h = h.view({1});
+  TORCH_CHECK_VALUE(h.stride(-1) == 1 || h.numel() <= 1, "neuron backend: ", h.scalar_type(),
+                    " tensors are moved as bytes and must be contiguous in their last dimension");
+  return h.view(at::kByte);
+}
+
+std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(to_host(t));
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> to_host(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& l : lists) out.push_back(to_host(l));
+  return out;
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+const char* reduce_op_name(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::BAND: return "BAND";
+    case ReduceOp::BOR: return "BOR";
+    case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+// What Gloo would reject with an obscure message (or not at all), rejected
+// up front with a TypeError naming the op, the dtype and the way out.
+void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
+  const auto kind = op.op_;
+  for (const auto& t : tensors) {
+    const auto dtype = t.scalar_type();
+    TORCH_CHECK_TYPE(!is_fp8(dtype), "neuron backend: ", collective, " cannot reduce ", dtype,
+                     " tensors: fp8 is supported for data movement only (broadcast, all_gather, gather, scatter, "
+                     "all_to_all, send/recv). Upcast to bfloat16 or float32 to reduce.");
+    const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+    TORCH_CHECK_TYPE(!(kind == ReduceOp::AVG && !floating), "neuron backend: ", collective,
+                     " with ReduceOp.AVG needs floating-point or complex tensors, got ", dtype,
+                     ": an integer average is not representable. Reduce with ReduceOp.SUM and divide.");
+    TORCH_CHECK_TYPE(!(kind == ReduceOp::PREMUL_SUM && !floating), "neuron backend: ", collective,
+                     " with ReduceOp.PREMUL_SUM needs floating-point or complex tensors, got ", dtype, ".");
+    const bool bitwise = kind == ReduceOp::BAND || kind == ReduceOp::BOR || kind == ReduceOp::BXOR;
+    TORCH_CHECK_TYPE(!(bitwise && !at::isIntegralType(dtype, /*includeBool=*/true)), "neuron backend: ", collective,
+                     " with ReduceOp.", reduce_op_name(kind), " needs integer or bool tensors, got ", dtype, ".");
+    TORCH_CHECK_TYPE(!(at::isComplexType(dtype) && kind != ReduceOp::SUM && kind != ReduceOp::AVG &&
+                       kind != ReduceOp::PREMUL_SUM),
+                     "neuron backend: ", collective, " with ReduceOp.", reduce_op_name(kind),
+                     " is not defined for complex tensors (", dtype, ").");
+  }
+}
+
+// PREMUL_SUM's factor as a scalar (the supplement holds a double or a
+// one-element tensor, possibly on neuron).
+static at::Scalar premul_factor(const ReduceOp& op) {
+  auto sup = c10::dynamic_intrusive_pointer_cast<PreMulSumSupplement>(op.supplement_);
+  TORCH_CHECK(sup, "ReduceOp.PREMUL_SUM has no factor: create it with torch.distributed._make_nccl_premul_sum");
+  if (sup->tensor_factor.defined()) return host_view(sup->tensor_factor).reshape({}).item();
+  return sup->double_factor;
+}
+
+// Gloo reduces int16/uint16/uint32 nowhere; a wider integer gives the same
+// bits (sum, product, min, max and bitwise ops all commute with truncation
+// modulo 2^16 / 2^32 in two's complement).
+static std::optional<at::ScalarType> widened(at::ScalarType t) {
+  switch (t) {
+    case at::kShort: case at::kUInt16: return at::kInt;
+    case at::kUInt32: return at::kLong;
+    default: return std::nullopt;
+  }
+}
+
+// What Gloo reduces for host alias `h`: `h` itself, or a scratch copy when
+// PREMUL_SUM scales it (the caller's input is never scaled) or its dtype is
+// widened. Results land in the scratch and are copied back.
+at::Tensor reduction_input(const at::Tensor& h, const ReduceOp& op) {
+  at::Tensor s = h;
+  if (op.op_ == ReduceOp::PREMUL_SUM) s = s.mul(premul_factor(op));
+  if (auto w = widened(s.scalar_type())) s = s.to(*w);
+  return s.is_same(h) ? h : s.contiguous();
+}
+
+std::vector<at::Tensor> reduction_input(const std::vector<at::Tensor>& hs, const ReduceOp& op) {
+  std::vector<at::Tensor> out;
+  out.reserve(hs.size());
+  for (const auto& h : hs) out.push_back(reduction_input(h, op));
+  return out;
+}
+
+// Copies scratch results back into the caller's tensors (no-op when Gloo
+// reduced in place).
+std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Tensor> src) {
+  return [dst = std::move(dst), src = std::move(src)]() mutable {
+    for (size_t i = 0; i < dst.size(); ++i) {
+      if (!dst[i].is_same(src[i])) dst[i].copy_(src[i].view(dst[i].sizes()));
+    }
+  };
+}
+
+ReduceOp gloo_op(const ReduceOp& op) {
+  return op.op_ == ReduceOp::PREMUL_SUM ? ReduceOp(ReduceOp::SUM) : op;
+}
+
+// The device the work's future reports: the neuron device of the outputs
+// (or inputs), none for CPU-only collectives.
+std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  std::optional<c10::Device> dev;
+  for (const auto* list : {&a, &b}) {
+    for (const auto& t : *list) {
+      if (!t.defined() || t.device().is_cpu()) continue;
+      TORCH_CHECK_VALUE(!dev || *dev == t.device(), "neuron backend: all tensors of one collective must be on the ",
+                        "same device (or on cpu), got ", *dev, " and ", t.device());
+      dev = t.device();
+    }
+  }
+  if (!dev) return {};
+  return {*dev};
+}
+
+// The shared-memory engine's element type for `t`, if it reduces it.
+std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return neuronrt::ShmDtype::Float32;
+    case at::kDouble: return neuronrt::ShmDtype::Float64;
+    case at::kHalf: return neuronrt::ShmDtype::Float16;
+    case at::kBFloat16: return neuronrt::ShmDtype::BFloat16;
+    case at::kChar: return neuronrt::ShmDtype::Int8;
+    case at::kByte: return neuronrt::ShmDtype::UInt8;
+    case at::kShort: return neuronrt::ShmDtype::Int16;
+    case at::kInt: return neuronrt::ShmDtype::Int32;
+    case at::kLong: return neuronrt::ShmDtype::Int64;
+    default: return std::nullopt;
+  }
+}
+
+// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_op).
+std::optional<neuronrt::ShmReduceOp> shm_op(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: case ReduceOp::PREMUL_SUM: return neuronrt::ShmReduceOp::Sum;
+    case ReduceOp::AVG: return neuronrt::ShmReduceOp::Avg;
+    case ReduceOp::MIN: return neuronrt::ShmReduceOp::Min;
+    case ReduceOp::MAX: return neuronrt::ShmReduceOp::Max;
+    case ReduceOp::PRODUCT: return neuronrt::ShmReduceOp::Product;
+    default: return std::nullopt;
+  }
+}
+
+// Whether the engine reduces `t` with `op` (dtype after widening; AVG only
+// for floating types, which check_reduction already enforced).
+bool shm_reduces(const at::Tensor& t, const ReduceOp& op) {
+  const auto dtype = widened(t.scalar_type()).value_or(t.scalar_type());
+  const auto d = shm_dtype(dtype);
+  const auto o = shm_op(op.op_);
+  return d && o && neuronrt::shm_supports(*d, *o);
+}
+
+// The engine moves bytes for all_gather: any dtype whose elements have a size.
+bool shm_moves(const at::Tensor& t) {
+  return t.defined() && !t.is_sparse() && t.element_size() > 0;
+}
+
+at::Tensor flat_bytes(const at::Tensor& h) {
+  return h.contiguous().reshape({-1}).view(at::kByte);
+}
+
+at::Tensor cat_flat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : host_view(ts)) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+int64_t largest_bytes(const std::vector<at::Tensor>& outs) {
+  int64_t block = 0;
+  for (const auto& o : outs) block = std::max<int64_t>(block, o.numel() * static_cast<int64_t>(o.element_size()));
+  return block;
+}
+
+at::Tensor padded_bytes(const at::Tensor& input, int64_t block) {
+  at::Tensor p = at::zeros({block}, at::kByte);
+  at::Tensor b = flat_bytes(host_view(input));
+  p.narrow(0, 0, b.numel()).copy_(b);
+  return p;
+}
+
+void copy_blocks(const std::vector<at::Tensor>& outs, const at::Tensor& gathered, int64_t block) {
+  std::vector<at::Tensor> hostOuts = host_view(outs);
+  for (size_t r = 0; r < hostOuts.size(); ++r) {
+    at::Tensor& o = hostOuts[r];
+    if (o.numel() == 0) continue;
+    const int64_t bytes = o.numel() * static_cast<int64_t>(o.element_size());
+    o.copy_(gathered.narrow(0, static_cast<int64_t>(r) * block, bytes).view(o.scalar_type()).view(o.sizes()));
+  }
+}
+
+}  // namespace c10d::neuron_pg

@@ -1,0 +1,108 @@
+// The Gloo path of the `neuron` c10d backend. Device memory is host memory,
+// so every neuron tensor is handed to a per-group ProcessGroupGloo as a
+// zero-copy CPU alias. A collective on this path is data (GlooCall): what the
+// ranks compare, which tensors the transport touches, and how to issue it on
+// host views; ProcessGroupNeuron::runOnGloo runs every one the same way:
+// agree, expose (synchronize the streams, take the runtime's host access),
+// prepare, launch, complete. The p2p argument check is here too.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "csrc/distributed/Dtypes.h"
+
+namespace c10d::neuron_pg {
+
+// A collective prepared on host views: `run` issues the transport work,
+// `after` runs on its completion (copy-backs; may keep scratch alive).
+struct Issued {
+  std::function<c10::intrusive_ptr<Work>()> run;
+  std::function<void()> after;
+};
+
+// One collective on the Gloo path. `prepare` runs once the streams of
+// `outputs` and `inputs` are synchronized (it may read their data).
+struct GlooCall {
+  OpType type;
+  std::chrono::milliseconds timeout;
+  // What the argument agreement compares (Agreement.h).
+  std::vector<at::Tensor> agreed;
+  int64_t redop = -1;
+  std::vector<at::Tensor> outputs;  // the work's result
+  std::vector<at::Tensor> inputs;   // exposed with the outputs
+  std::function<Issued()> prepare;
+  std::vector<int64_t> inSplits = {}, outSplits = {};  // all_to_all, in elements
+};
+
+// The shape of the data-movement collectives: Gloo moves the host views
+// (bytes for dtypes it has no kernels for) of `outs` and `ins` with `run`.
+template <class Outs, class Ins, class Run>
+std::function<Issued()> moved(Outs outs, Ins ins, Run run) {
+  return [outs, ins, run]() {
+    return Issued{[o = to_host(outs), i = to_host(ins), run]() mutable { return run(o, i); }, {}};
+  };
+}
+
+// The shape of the in-place reductions: Gloo reduces the prepared inputs
+// (scaled, widened) with gloo_op, and the results are copied back.
+template <class Opts, class Run>
+std::function<Issued()> reduced(std::vector<at::Tensor> tensors, Opts opts, Run run) {
+  return [tensors, opts, run]() {
+    auto host = host_view(tensors);
+    auto in = reduction_input(host, opts.reduceOp);
+    Opts o = opts;
+    o.reduceOp = gloo_op(opts.reduceOp);
+    return Issued{[in, o, run]() mutable { return run(in, o); }, copy_back(host, in)};
+  };
+}
+
+// The shape of the tensor reduce-scatters: Gloo reduces the prepared inputs
+// into the outputs (scratch outputs of the widened dtype, copied back).
+template <class Run>
+std::function<Issued()> scattered(std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+                                  ReduceScatterOptions opts, Run run) {
+  return [outputs, inputs, opts, run]() {
+    auto hostOut = host_view(outputs);
+    auto in = reduction_input(host_view(inputs), opts.reduceOp);
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < hostOut.size(); ++i) {
+      const auto dtype = in[i].scalar_type();
+      out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
+    }
+    ReduceScatterOptions o = opts;
+    o.reduceOp = gloo_op(opts.reduceOp);
+    return Issued{[run, out, in, o]() mutable { return run(out, in, o); },
+                  [after = copy_back(hostOut, out), in] { after(); }};
+  };
+}
+
+// Gloo checks outputs against inputs (or splits them along dimension 0):
+// where both are contiguous it gets flat views (only of the outputs when
+// `flattenInputs` is false).
+void flat_views(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, bool flattenInputs = true);
+
+// p2p argument check. Gloo moves p2p messages as bytes: a receive buffer
+// larger than the message or of another dtype silently gets garbage. So
+// (unless TORCH_NEURONX_COLLECTIVE_CHECK=0) each send is preceded by a small
+// header (sender, dtype, numel, sizes) on a reserved tag, and the receiver
+// compares it with its buffer once the message is in, raising
+// DistBackendError on a mismatch. Both are posted eagerly, in the caller's
+// order, on two tags that are each FIFO per pair of ranks, so several
+// messages in flight between two ranks stay matched and no wait depends on
+// another rank's completion thread. (A message larger than the receive
+// buffer still makes Gloo abort the receiving process: Gloo checks that
+// before anything of ours runs.)
+int p2p_header_tag(int tag);
+at::Tensor p2p_header(const at::Tensor& t, int rank);
+at::Tensor p2p_header_buffer();
+// Throws when the received `header` does not describe `expected`.
+void p2p_compare(const at::Tensor& header, const at::Tensor& expected, int rank, int tag);
+
+}  // namespace c10d::neuron_pg

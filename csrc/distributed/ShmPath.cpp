@@ -1,0 +1,230 @@
+#include "csrc/distributed/ShmPath.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "csrc/distributed/Agreement.h"
+#include "csrc/distributed/Completion.h"
+#include "csrc/distributed/Dtypes.h"
+#include "csrc/distributed/ProcessGroupNeuron.h"
+#include "csrc/distributed/StoreKeys.h"
+#include "csrc/runtime/PeerMemory.h"
+#include "csrc/runtime/Stream.h"
+
+namespace c10d {
+namespace neuron_pg {
+
+namespace {
+
+std::string store_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> store_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// A 0/1 switch from the environment; anything else is a clear error.
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  const std::string s(v);
+  TORCH_CHECK_VALUE(s == "0" || s == "1", name, " must be 0 or 1, got '", s, "'");
+  return s == "1";
+}
+
+// `outs` pointers into one contiguous buffer of `size` blocks of `block` bytes.
+std::vector<void*> blocks(const at::Tensor& buffer, int size, size_t block) {
+  std::vector<void*> ptrs;
+  for (int r = 0; r < size; ++r) ptrs.push_back(static_cast<uint8_t*>(buffer.data_ptr()) + r * block);
+  return ptrs;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmPath> ShmPath::connect(const c10::intrusive_ptr<Store>& store, int rank, int size,
+                                          std::chrono::milliseconds timeout) {
+  const bool direct = env_switch("TORCH_NEURONX_SHM_DIRECT", true);  // read before any rendezvous
+  if (!env_switch("TORCH_NEURONX_SHM", true)) return nullptr;
+  if (!store || size < 2) return nullptr;
+  // Every rank reads every rank's keys, so all reach the same decision.
+  auto s = c10::make_intrusive<PrefixStore>(kShmPrefix, store);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  s->set(c10::str("host/", rank), store_bytes(host));
+  for (int r = 0; r < size; ++r) {
+    if (store_string(s->get(c10::str("host/", r))) != host) return nullptr;  // spans hosts: Gloo only
+  }
+  std::unique_ptr<neuronrt::ShmCollectives> shm;
+  try {
+    if (rank == 0) {
+      std::string name;
+      try {
+        shm = neuronrt::ShmCollectives::create(0, size);
+        name = shm->name();
+      } catch (const neuronrt::ShmError&) {
+      }
+      s->set("name", store_bytes(name));  // empty: rank 0 could not create it
+    } else {
+      const std::string name = store_string(s->get("name"));
+      if (!name.empty()) shm = neuronrt::ShmCollectives::attach(name, rank, size);
+    }
+  } catch (const neuronrt::ShmError&) {
+    shm.reset();  // e.g. same host name, other host: the segment is not there
+  }
+  s->set(c10::str("attached/", rank), store_bytes(shm ? "1" : "0"));
+  bool all = true;
+  for (int r = 0; r < size; ++r) all = store_string(s->get(c10::str("attached/", r))) == "1" && all;
+  // Everyone has attached (or given up): the name is no longer needed, and
+  // without it the segment goes away with the last process that maps it.
+  if (rank == 0 && shm) shm->unlink();
+  if (!all) return nullptr;
+  // The single-copy path: peers map each other's device memory. The probe
+  // is a collective: the ranks run it only if all of them want it.
+  s->set(c10::str("direct/", rank), store_bytes(direct ? "1" : "0"));
+  bool wanted = true;
+  for (int r = 0; r < size; ++r) wanted = store_string(s->get(c10::str("direct/", r))) == "1" && wanted;
+  if (wanted) {
+    try {
+      // The runtime's locator keeps new large device segments shareable
+      // while this engine holds it (PeerMemory.h).
+      (void)shm->enable_peer_access(neuronrt::device_buffer_locator(), timeout);
+    } catch (const neuronrt::ShmError&) {
+      return nullptr;  // a peer failed during setup: this group stays on Gloo
+    }
+  }
+  return std::make_unique<ShmPath>(std::move(shm), size);
+}
+
+void ShmPath::serialized(const std::function<void()>& step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  step();
+}
+
+void ShmPath::exchange(const neuronrt::ShmCheck& check, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  shm_->exchange(check, timeout);
+}
+
+ShmPath::Body ShmPath::allReduce(at::Tensor t, ReduceOp op, bool keepResult) const {
+  return [shm = shm_.get(), t, op, keepResult](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
+    at::Tensor host = host_view(t);
+    at::Tensor in = reduction_input(host, op);
+    if (!keepResult && in.is_same(host)) in = host.clone(at::MemoryFormat::Contiguous);
+    in = in.contiguous();
+    shm->all_reduce(in.data_ptr(), static_cast<size_t>(in.numel()), *shm_dtype(in.scalar_type()), *shm_op(op.op_),
+                    timeout, check);
+    if (keepResult) copy_back({host}, {in})();
+  };
+}
+
+ShmPath::Body ShmPath::allGather(std::vector<at::Tensor> outs, at::Tensor input) const {
+  return [shm = shm_.get(), outs, input](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
+    at::Tensor in = host_view(input).contiguous();
+    std::vector<at::Tensor> hostOuts = host_view(outs);
+    // Non-contiguous outputs are filled through a contiguous scratch.
+    std::vector<at::Tensor> staged(hostOuts.size());
+    std::vector<void*> ptrs;
+    for (size_t r = 0; r < hostOuts.size(); ++r) {
+      if (!hostOuts[r].is_contiguous()) staged[r] = at::empty(hostOuts[r].sizes(), hostOuts[r].options());
+      ptrs.push_back(staged[r].defined() ? staged[r].data_ptr() : hostOuts[r].data_ptr());
+    }
+    shm->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(in.numel()) * in.element_size(), timeout, check);
+    for (size_t r = 0; r < hostOuts.size(); ++r) {
+      if (staged[r].defined()) hostOuts[r].copy_(staged[r]);
+    }
+  };
+}
+
+ShmPath::Body ShmPath::allGatherUneven(std::vector<at::Tensor> outs, at::Tensor input, int64_t block) const {
+  return [shm = shm_.get(), size = size_, outs, input, block](std::chrono::milliseconds timeout,
+                                                              const neuronrt::ShmCheck* check) {
+    at::Tensor in = padded_bytes(input, block);
+    at::Tensor out = at::empty({block * size}, at::kByte);
+    shm->all_gather(in.data_ptr(), blocks(out, size, block).data(), static_cast<size_t>(block), timeout, check);
+    copy_blocks(outs, out, block);
+  };
+}
+
+ShmPath::Body ShmPath::allGatherBase(at::Tensor output, at::Tensor input) const {
+  return [shm = shm_.get(), size = size_, output, input](std::chrono::milliseconds timeout,
+                                                         const neuronrt::ShmCheck* check) {
+    at::Tensor in = host_view(input).contiguous();
+    at::Tensor hostOut = host_view(output);
+    at::Tensor out = hostOut.is_contiguous() ? hostOut : at::empty_like(hostOut, at::MemoryFormat::Contiguous);
+    const size_t bytes = static_cast<size_t>(in.numel()) * in.element_size();
+    shm->all_gather(in.data_ptr(), blocks(out, size, bytes).data(), bytes, timeout, check);
+    if (!out.is_same(hostOut)) hostOut.copy_(out);
+  };
+}
+
+ShmPath::Body ShmPath::reduceScatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) const {
+  return [shm = shm_.get(), output, inputs, op](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
+    at::Tensor in = reduction_input(cat_flat(host_view(inputs)), op).contiguous();
+    at::Tensor hostOut = host_view(output);
+    at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
+    shm->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), *shm_dtype(in.scalar_type()),
+                        *shm_op(op.op_), timeout, check);
+    hostOut.copy_(out.view(hostOut.sizes()));
+  };
+}
+
+ShmPath::Body ShmPath::reduceScatterBase(at::Tensor output, at::Tensor input, ReduceOp op) const {
+  return [shm = shm_.get(), output, input, op](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
+    at::Tensor hostOut = host_view(output);
+    at::Tensor in = reduction_input(host_view(input), op).contiguous();
+    const bool direct = in.scalar_type() == hostOut.scalar_type() && hostOut.is_contiguous();
+    at::Tensor out = direct ? hostOut : at::empty({hostOut.numel()}, in.options());
+    shm->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(hostOut.numel()),
+                        *shm_dtype(in.scalar_type()), *shm_op(op.op_), timeout, check);
+    if (!direct) hostOut.copy_(out.view(hostOut.sizes()));
+  };
+}
+
+}  // namespace neuron_pg
+
+using namespace neuron_pg;
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono::milliseconds opTimeout,
+                                                       std::vector<at::Tensor> outputs,
+                                                       const std::vector<at::Tensor>& checked, const char* kernelName,
+                                                       const ShmPath::Body& body, int64_t redop) {
+  auto work = makeWork(type, opTimeout, outputs);
+  tracker_.watch(work);  // a timeout reaches the watchdog (TORCH_NEURONX_ASYNC_ERROR_HANDLING)
+  // The argument check travels with the collective's first step.
+  std::vector<int64_t> words;
+  std::string mismatch;
+  neuronrt::ShmCheck check;
+  if (checkAgreement_) {
+    words = agreement_words(type, size_, checked, {}, {}, redop);
+    check = {words.data(), words.size(), [&](const int64_t* all) {
+               mismatch = disagreement(size_, words, all);
+               if (!mismatch.empty()) throw neuronrt::Error(mismatch);
+             }};
+  }
+  const auto devices = devices_of(outputs);
+  std::exception_ptr error;
+  try {
+    const neuronrt::ShmCheck* c = checkAgreement_ ? &check : nullptr;
+    shm_->serialized([&] {
+      if (devices.empty()) {
+        body(work->timeout(), c);  // cpu tensors
+      } else {
+        // A synchronous launch: it runs after the kernels queued on the stream
+        // (the inputs' producers), and the collective is done when it returns.
+        neuronrt::current_stream(devices[0].index()).launch([&] { body(work->timeout(), c); }, kernelName);
+      }
+    });
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (error && !mismatch.empty()) {
+    // Every rank failed this check together and nothing moved: raise as
+    // agree() does (the group stays usable); the work is retired unused.
+    work->complete(nullptr, {});
+    C10_THROW_ERROR(DistBackendError, c10::str(work->describe(), ": ", mismatch));
+  }
+  work->complete(error, {});
+  return work;
+}
+
+}  // namespace c10d
