@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "csrc/runtime/ShmCollectives.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace c10d::neuron_pg {
 

@@ -6,7 +6,6 @@
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/distributed/ProcessGroupNeuron.h"
 #include "csrc/runtime/Runtime.h"
-#include "csrc/runtime/Stream.h"
 
 namespace c10d {
 namespace neuron_pg {

@@ -12,7 +12,7 @@
 #include "csrc/distributed/Arguments.h"
 #include "csrc/distributed/Dtypes.h"
 #include "csrc/distributed/StoreKeys.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace c10d {
 

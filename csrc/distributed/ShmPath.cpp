@@ -12,8 +12,7 @@
 #include "csrc/distributed/Dtypes.h"
 #include "csrc/distributed/ProcessGroupNeuron.h"
 #include "csrc/distributed/StoreKeys.h"
-#include "csrc/runtime/PeerMemory.h"
-#include "csrc/runtime/Stream.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace c10d {
 namespace neuron_pg {

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <vector>
 
-#include "csrc/runtime/ShmCollectives.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace c10d::neuron_pg {
 
