@@ -143,9 +143,6 @@ PYBIND11_MODULE(_C, m) {
   // Compiled host code (torch.compile backend "neuron") runs on aliases of
   // device memory and allocates its outputs in HBM.
   m.def("_host_alias", &at::neuron::host_alias);
-  m.def("_device_tensor", [](const at::Tensor& t, int device) {
-    return at::neuron::device_tensor(t, static_cast<c10::DeviceIndex>(device));
-  });
   // Runs fn() as a kernel on `device`'s current stream: host code working on
   // aliases of device memory (compiled graphs) is device work like any other.
   m.def("_launch", [](int device, py::function fn, std::string name) {
