@@ -9,7 +9,7 @@ import torch_neuronx
 from conftest import assert_same, run_json
 
 # aten::channel_shuffle and aten::_compute_linear_combination have CPU kernels but are outside the
-# kernel table (csrc/aten/HostOps.cpp), so on neuron they run through the fallback.
+# route table (csrc/aten/Routes.cpp), so on neuron they run through the fallback.
 FALLBACK_OP = "channel_shuffle"
 
 
@@ -137,3 +137,85 @@ def test_ops_doc_is_generated_from_the_live_registry():
     tool = pathlib.Path(__file__).resolve().parents[1] / "tools" / "gen_op_table.py"
     proc = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _route_rows():
+    return {row[0]: tuple(row[1:]) for row in torch_neuronx._C._route_table()}
+
+
+def test_route_table_is_what_the_dispatcher_runs():
+    # The route table (csrc/aten/Routes.cpp) registers every overload it lists;
+    # overloads of its ops that it does not list have a dedicated kernel.
+    from torch_neuronx import _op_support
+
+    rows = _route_rows()
+    supported = set(torch_neuronx.supported_ops())
+    sources = _op_support.kernel_sources()
+    assert set(rows) <= supported and len(rows) > 500
+    assert {n for n in rows if sources[n] != "csrc/aten/Routes.cpp"} == set()
+    assert {n for n in supported - set(rows) if sources[n] == "csrc/aten/Routes.cpp"} == set()
+    assert "histc" in supported and "histc" not in rows  # AcceleratorSemantics.cpp's kernel
+    # (direct, queued, checks_data, random)
+    assert rows["add.Tensor"] == (True, True, False, False)
+    assert rows["add.out"] == (False, True, False, False)  # queued as the out= overload itself
+    assert rows["index.Tensor"] == (True, False, False, False)
+    assert rows["index_select"] == (False, True, True, False)
+    assert rows["bernoulli_.float"] == (False, False, False, True)
+    assert rows["native_dropout"][3] is True and rows["native_dropout"][1] is False
+    assert rows["mm"] == (False, True, False, False) and rows["nonzero"] == (False, False, False, False)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("NEURON_RT_LAUNCH_BLOCKING") == "1",
+                    reason="launches are synchronous in this mode")
+def test_queued_flag_is_what_the_async_path_does():
+    # Behind queued work, an overload the table marks queued is queued (the
+    # call does not wait for the stream); any other waits for it (a stall).
+    rows = _route_rows()
+    a = torch.randn(512, 512, device="neuron") / 512
+    index = torch.arange(4, device="neuron")
+    cases = {
+        "mm": lambda: torch.mm(a, a),
+        "add.Tensor": lambda: a + a,
+        "index_select": lambda: a.index_select(0, index),
+        "cumprod": lambda: torch.cumprod(a, 0),
+        "sort.stable": lambda: torch.sort(a, dim=0, stable=True),
+    }
+    for name, call in cases.items():
+        torch.neuron.synchronize()
+        busy = a
+        for _ in range(6):
+            busy = torch.mm(busy, busy)
+        stalls = torch_neuronx._C._launch_counts(0)[1]
+        call()
+        waited = torch_neuronx._C._launch_counts(0)[1] - stalls
+        assert (waited == 0) == rows[name][1], (name, waited)
+    torch.neuron.synchronize()
+
+
+def test_ops_doc_route_table_equals_the_table():
+    # docs/ops.md's route table lists exactly the live table, op by op.
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "ops.md").read_text()
+    section = text.split("\n## Route table\n", 1)[1].split("\n## ", 1)[0]
+    doc = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        op, overloads, direct, queued, random = (c.strip() for c in line.strip().strip("|").split("|"))
+        names = lambda cell: set(re.findall(r"`([^`]+)`", cell))
+        doc[op.strip("`")] = (names(overloads), names(direct), names(queued), random == "yes")
+    want = {}
+    for name, (direct, queued, _, random) in _route_rows().items():
+        base = name.split(".")[0]
+        if base.endswith("_") and not base.endswith("__"):
+            base = base[:-1]
+        entry = want.setdefault(base, (set(), set(), set(), False))
+        entry[0].add(name)
+        if direct:
+            entry[1].add(name)
+        if queued:
+            entry[2].add(name)
+        want[base] = entry[:3] + (entry[3] or random,)
+    assert doc == want

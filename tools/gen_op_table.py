@@ -33,27 +33,33 @@ DEDICATED = {
     "csrc/aten/AcceleratorSemantics.cpp": "ops whose accelerator semantics differ from the CPU's",
     "csrc/aten/AcceleratorOnlyOps.cpp": "ops PyTorch implements only for accelerators",
 }
-HOST_TABLE = "csrc/aten/HostOps.cpp"
-DIRECT_FILE = "csrc/aten/DirectKernels.cpp"
+ROUTES = "csrc/aten/Routes.cpp"
+
+
+def route_rows() -> "collections.OrderedDict[str, list]":
+    """The route table (torch_neuronx._C._route_table()) by base op: {base: [(overload, direct, queued,
+    checks_data, random), ...]}, in the table's order."""
+    by_base = collections.OrderedDict()
+    for row in torch_neuronx._C._route_table():
+        base = row[0].split(".")[0]
+        if base.endswith("_") and not base.endswith("__"):  # in-place variant
+            base = base[:-1]
+        by_base.setdefault(base, []).append(tuple(row))
+    return by_base
+
+
+def _names(rows, column=None) -> str:
+    return ", ".join(f"`{r[0]}`" for r in rows if column is None or r[column])
 
 
 def render() -> str:
     sources = _op_support.kernel_sources()
-    # The table's overloads whose kernel is the table's (a dedicated kernel,
-    # e.g. histc's, takes precedence over the table's registration).
-    ops = [n for n in torch_neuronx.supported_ops() if sources.get(n) in (HOST_TABLE, DIRECT_FILE)]
-    # Direct kernels replace the host table's registration of their overloads.
-    direct = sorted(n for n, f in sources.items() if f == DIRECT_FILE)
     dedicated = collections.defaultdict(list)
     for name, path in sorted(sources.items()):
-        if path not in (HOST_TABLE, DIRECT_FILE):
+        if path != ROUTES:
             dedicated[path].append(name)
-    by_base = collections.OrderedDict()
-    for name in ops:
-        base = name.split(".")[0]
-        if base.endswith("_") and not base.endswith("__"):  # in-place variant
-            base = base[:-1]
-        by_base.setdefault(base, []).append(name)
+    by_base = route_rows()
+    rows = [r for overloads in by_base.values() for r in overloads]
     lines = [
         "# Supported operators",
         "",
@@ -63,10 +69,11 @@ def render() -> str:
         "1. **Dedicated kernels** (below): allocation, metadata/views, copies across the device boundary, host "
         "reads, the fused attention/convolution overrides, and ops PyTorch implements only for accelerators "
         "(last section).",
-        f"2. **The device kernel table**: {len(ops)} overloads of {len(by_base)} ops executed in place by the "
-        "host runtime (`csrc/aten/HostOps.cpp`). Of these, " + ", ".join(f"`{n}`" for n in direct) + " also "
-        "have direct kernels (`csrc/aten/DirectKernels.cpp`): unboxed, without host aliases, when the op runs on "
-        "the caller and needs no dtype conversion (docs/runtime.md, \"Direct kernels\").",
+        f"2. **The route table** (`{ROUTES}`): {len(rows)} overloads of {len(by_base)} ops executed in place by "
+        f"the host runtime. {sum(r[2] for r in rows)} overloads may be queued (a C++ meta function describes "
+        "their outputs; docs/runtime.md, \"What is queued\"), and " + _names(rows, 1) + " also have direct kernels "
+        "(`csrc/aten/DirectKernels.cpp`): unboxed, without host aliases, when the op runs on the caller and needs "
+        "no dtype conversion (docs/runtime.md, \"Direct kernels\"). Random ops draw from the device generator.",
         "3. **Composite ops** need no kernel: they decompose into the ops above (e.g. `matmul`, `linear`, "
         "`layer_norm`, `softmax`, `dropout`, `_to_copy`, `clone`, `stack`, `_foreach_*`).",
         "",
@@ -81,9 +88,21 @@ def render() -> str:
     for path, names in sorted(dedicated.items()):
         what = DEDICATED.get(path, "")
         lines.append(f"| `{path}` | {what} | " + ", ".join(f"`{n}`" for n in names) + " |")
-    lines += ["", "## Device kernel table", "", "| op | overloads |", "|---|---|"]
-    for base, names in by_base.items():
-        lines.append(f"| `{base}` | " + ", ".join(f"`{n}`" for n in names) + " |")
+    lines += [
+        "",
+        "## Route table",
+        "",
+        "Per op: its overloads, those with a direct kernel, those that may be queued (* : the kernel checks "
+        "values, so its errors wait for a synchronization point even when it runs on the caller), and whether "
+        "it draws from the device generator.",
+        "",
+        "| op | overloads | direct | queued | random |",
+        "|---|---|---|---|---|",
+    ]
+    for base, overloads in by_base.items():
+        queued = ", ".join(f"`{r[0]}`" + ("*" if r[3] else "") for r in overloads if r[2])
+        random = "yes" if any(r[4] for r in overloads) else ""
+        lines.append(f"| `{base}` | {_names(overloads)} | {_names(overloads, 1)} | {queued} | {random} |")
     return "\n".join(lines) + "\n\n" + accelerator_only.render_markdown(accelerator_only.sweep())
 
 

@@ -45,7 +45,7 @@ def aten_overloads() -> list:
 
 
 def kernel_sources() -> dict:
-    """Where each neuron kernel is registered: {"add.Tensor": "csrc/aten/DirectKernels.cpp", ...},
+    """Where each neuron kernel is registered: {"add.Tensor": "csrc/aten/Routes.cpp", ...},
     read from the dispatcher (the registration's source file)."""
     sources = {}
     for name in aten_overloads():

@@ -10,14 +10,13 @@
 // op's CPU out= overload (or the in-place op itself) over host aliases of
 // device memory and keeps every tensor it uses alive until it has run.
 //
-// Ops outside the table below, random ops, and ops with CPU tensor operands
+// The queued overloads and their meta functions are entries of the route
+// table (Routes.cpp). Other ops, random ops, and ops with CPU tensor operands
 // other than scalars run synchronously (host_execute), after the work queued
-// before them. docs/runtime.md lists the table's ops.
+// before them.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
-#include <ATen/MetaFunctions.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -31,6 +30,7 @@
 #include "Fidelity.h"
 #include "HostExecution.h"
 #include "NeuronFunctions.h"
+#include "Routes.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -38,214 +38,12 @@ namespace {
 
 constexpr auto kNeuron = c10::DeviceType::PrivateUse1;
 
-using Args = std::vector<c10::IValue>;  // the op's arguments, tensors as meta tensors
-using Outs = std::vector<at::Tensor>;   // meta outputs
-
-enum class Mode {
-  Out,      // run the out= overload into the allocated outputs
-  InPlace,  // run the op itself; its result is its first argument
-  Copy,     // no out= overload: run the op, copy its results into the outputs
-};
-
-struct AsyncOp {
-  const char* name;
-  const char* overload;
-  Mode mode;
-  const char* out_overload;  // Mode::Out
-  Outs (*meta)(const Args&);
-  // The kernel checks values (index ranges): its errors must wait for a
-  // synchronization point however it runs.
-  bool checks_data = false;
-};
-
-const at::Tensor& T(const Args& a, size_t i) { return a[i].toTensor(); }
-
-std::optional<std::vector<int64_t>> opt_dims(const c10::IValue& v) {
-  if (v.isNone()) return std::nullopt;
-  return v.toIntVector();
-}
-
-std::optional<at::ScalarType> opt_dtype(const c10::IValue& v) {
-  if (v.isNone()) return std::nullopt;
-  return v.toScalarType();
-}
-
-#define UNARY(fn)                                                                                   \
-  AsyncOp{"aten::" #fn, "", Mode::Out, "out", [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0))}; }}, \
-      AsyncOp {                                                                                     \
-    "aten::" #fn "_", "", Mode::InPlace, nullptr, [](const Args& a) -> Outs {                       \
-      at::Tensor self = T(a, 0);                                                                    \
-      at::meta::fn##_(self);                                                                        \
-      return {};                                                                                    \
-    }                                                                                               \
-  }
-
-#define BINARY(fn)                                                                                           \
-  AsyncOp{"aten::" #fn, "Tensor", Mode::Out, "out",                                                        \
-          [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1))}; }},                            \
-      AsyncOp {                                                                                              \
-    "aten::" #fn "_", "Tensor", Mode::InPlace, nullptr, [](const Args& a) -> Outs {                          \
-      at::Tensor self = T(a, 0);                                                                             \
-      at::meta::fn##_(self, T(a, 1));                                                                        \
-      return {};                                                                                             \
-    }                                                                                                        \
-  }
-
-#define BINARY_ALPHA(fn)                                                                                     \
-  AsyncOp{"aten::" #fn, "Tensor", Mode::Out, "out",                                                        \
-          [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1), a[2].toScalar())}; }},           \
-      AsyncOp {                                                                                              \
-    "aten::" #fn "_", "Tensor", Mode::InPlace, nullptr, [](const Args& a) -> Outs {                          \
-      at::Tensor self = T(a, 0);                                                                             \
-      at::meta::fn##_(self, T(a, 1), a[2].toScalar());                                                       \
-      return {};                                                                                             \
-    }                                                                                                        \
-  }
-
-#define COMPARE(fn)                                                                                          \
-  AsyncOp{"aten::" #fn, "Tensor", Mode::Out, "Tensor_out",                                                 \
-          [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1))}; }},                            \
-      AsyncOp {                                                                                              \
-    "aten::" #fn, "Scalar", Mode::Out, "Scalar_out",                                                         \
-        [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), a[1].toScalar())}; }                       \
-  }
-
-#define BITWISE(fn)                                                                                          \
-  AsyncOp {                                                                                                  \
-    "aten::" #fn, "Tensor", Mode::Out, "Tensor_out",                                                         \
-        [](const Args& a) -> Outs { return {at::meta::fn(T(a, 0), T(a, 1))}; }                               \
-  }
-
-// Sized by the decode and training steps of Transformers models: pointwise
-// math, matmuls, normalization pieces, softmax, reductions, cat, indexing.
-const AsyncOp kAsyncOps[] = {
-    UNARY(neg), UNARY(exp), UNARY(log), UNARY(rsqrt), UNARY(sqrt), UNARY(sigmoid), UNARY(tanh), UNARY(silu),
-    UNARY(cos), UNARY(sin), UNARY(reciprocal), UNARY(erf), UNARY(exp2), UNARY(expm1), UNARY(log1p), UNARY(floor),
-    UNARY(ceil), UNARY(trunc), UNARY(sign), UNARY(bitwise_not),
-    BINARY_ALPHA(add), BINARY_ALPHA(sub), BINARY(mul), BINARY(div), BINARY(atan2),
-    AsyncOp{"aten::maximum", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::maximum(T(a, 0), T(a, 1))}; }},
-    AsyncOp{"aten::minimum", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::minimum(T(a, 0), T(a, 1))}; }},
-    AsyncOp{"aten::pow", "Tensor_Scalar", Mode::Out, "Tensor_Scalar_out",
-            [](const Args& a) -> Outs { return {at::meta::pow(T(a, 0), a[1].toScalar())}; }},
-    AsyncOp{"aten::pow", "Tensor_Tensor", Mode::Out, "Tensor_Tensor_out",
-            [](const Args& a) -> Outs { return {at::meta::pow(T(a, 0), T(a, 1))}; }},
-    COMPARE(eq), COMPARE(ne), COMPARE(lt), COMPARE(le), COMPARE(gt), COMPARE(ge),
-    BITWISE(bitwise_and), BITWISE(bitwise_or), BITWISE(bitwise_xor),
-    AsyncOp{"aten::gelu", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::gelu(T(a, 0), a[1].toStringView())}; }},
-    AsyncOp{"aten::clamp", "", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              return {at::meta::clamp(T(a, 0), a[1].toOptional<at::Scalar>(), a[2].toOptional<at::Scalar>())};
-            }},
-    AsyncOp{"aten::clamp_", "", Mode::InPlace, nullptr,
-            [](const Args& a) -> Outs {
-              at::Tensor self = T(a, 0);
-              at::meta::clamp_(self, a[1].toOptional<at::Scalar>(), a[2].toOptional<at::Scalar>());
-              return {};
-            }},
-    // matmuls
-    AsyncOp{"aten::mm", "", Mode::Out, "out", [](const Args& a) -> Outs { return {at::meta::mm(T(a, 0), T(a, 1))}; }},
-    AsyncOp{"aten::bmm", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::bmm(T(a, 0), T(a, 1))}; }},
-    AsyncOp{"aten::addmm", "", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              return {at::meta::addmm(T(a, 0), T(a, 1), T(a, 2), a[3].toScalar(), a[4].toScalar())};
-            }},
-    AsyncOp{"aten::baddbmm", "", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              return {at::meta::baddbmm(T(a, 0), T(a, 1), T(a, 2), a[3].toScalar(), a[4].toScalar())};
-            }},
-    // softmax and reductions
-    AsyncOp{"aten::_softmax", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::_softmax(T(a, 0), a[1].toInt(), a[2].toBool())}; }},
-    AsyncOp{"aten::_log_softmax", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::_log_softmax(T(a, 0), a[1].toInt(), a[2].toBool())}; }},
-    AsyncOp{"aten::sum", "dim_IntList", Mode::Out, "IntList_out",
-            [](const Args& a) -> Outs {
-              auto dims = opt_dims(a[1]);
-              return {at::meta::sum(T(a, 0), dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, a[2].toBool(),
-                                    opt_dtype(a[3]))};
-            }},
-    AsyncOp{"aten::mean", "dim", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              auto dims = opt_dims(a[1]);
-              return {at::meta::mean(T(a, 0), dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, a[2].toBool(),
-                                     opt_dtype(a[3]))};
-            }},
-    AsyncOp{"aten::amax", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::amax(T(a, 0), a[1].toIntVector(), a[2].toBool())}; }},
-    AsyncOp{"aten::amin", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::amin(T(a, 0), a[1].toIntVector(), a[2].toBool())}; }},
-    AsyncOp{"aten::argmax", "", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              return {at::meta::argmax(T(a, 0), a[1].toOptional<int64_t>(), a[2].toBool())};
-            }},
-    AsyncOp{"aten::cumsum", "", Mode::Out, "out",
-            [](const Args& a) -> Outs { return {at::meta::cumsum(T(a, 0), a[1].toInt(), opt_dtype(a[2]))}; }},
-    AsyncOp{"aten::any", "", Mode::Out, "all_out", [](const Args& a) -> Outs { return {at::meta::any(T(a, 0))}; }},
-    AsyncOp{"aten::all", "", Mode::Out, "all_out", [](const Args& a) -> Outs { return {at::meta::all(T(a, 0))}; }},
-    // shape and indexing
-    AsyncOp{"aten::cat", "", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              auto list = a[0].toTensorVector();
-              return {at::meta::cat(list, a[1].toInt())};
-            }},
-    AsyncOp{"aten::index_copy_", "", Mode::InPlace, nullptr,
-            [](const Args& a) -> Outs {
-              at::Tensor self = T(a, 0);
-              at::meta::index_copy_(self, a[1].toInt(), T(a, 2), T(a, 3));
-              return {};
-            },
-            /*checks_data=*/true},
-    AsyncOp{"aten::index_select", "", Mode::Out, "out",
-            [](const Args& a) -> Outs {
-              // ATen has no C++ meta function for index_select: its checks
-              // and output shape (the index values are checked by the kernel).
-              const at::Tensor& self = T(a, 0);
-              const at::Tensor& index = T(a, 2);
-              int64_t dim = c10::maybe_wrap_dim(a[1].toInt(), self.dim());
-              TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
-              TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
-                          "index_select(): Expected dtype int32 or int64 for index");
-              auto sizes = self.sizes().vec();
-              if (self.dim() > 0) sizes[dim] = index.numel();
-              return {at::empty(sizes, self.options())};
-            },
-            /*checks_data=*/true},
-    AsyncOp{"aten::fill_", "Scalar", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
-    AsyncOp{"aten::zero_", "", Mode::InPlace, nullptr, [](const Args&) -> Outs { return {}; }},
-    // the fused attention of torch.nn.functional.scaled_dot_product_attention
-    // (csrc/aten/Attention.cpp). The output layouts are the CPU kernel's, which
-    // are also its meta function's (Inductor asserts them on compiled graphs'
-    // fallbacks): the output is laid out like the query.
-    AsyncOp{"aten::_scaled_dot_product_flash_attention_for_cpu", "", Mode::Copy, nullptr,
-            [](const Args& a) -> Outs {
-              const at::Tensor& q = T(a, 0);
-              const at::Tensor& v = T(a, 2);
-              TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "scaled_dot_product_attention_flash_attention: expected "
-                          "4-D query, key and value");
-              TORCH_CHECK(q.size(3) == v.size(3), "scaled_dot_product_attention_flash_attention: Q/K/V should have "
-                          "the same head size");
-              const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
-              auto acc = at::toOpMathType(q.scalar_type());
-              // (at::empty_like would run its Python meta function here.)
-              auto strides = q.is_non_overlapping_and_dense() ? q.strides().vec()
-                                                               : at::infer_dense_strides(q.sizes(), q.strides());
-              return {at::empty_strided(q.sizes(), strides, q.options()),
-                      at::empty({B, L, H}, q.options().dtype(acc)).transpose(1, 2)};
-            }},
-};
-
-#undef UNARY
-#undef BINARY
-#undef BINARY_ALPHA
-#undef COMPARE
-#undef BITWISE
+using Args = QueuedRoute::Args;
+using Outs = QueuedRoute::Outs;
+using Mode = QueueMode;
 
 struct Entry {
-  const AsyncOp* op;
+  const QueuedRoute* op;
   std::optional<c10::OperatorHandle> run;  // what the kernel runs
   // The out= overload itself was called (compiled graphs' extern kernels,
   // `torch.mm(a, b, out=c)`): its trailing `out` arguments are the outputs.
@@ -257,7 +55,7 @@ const std::unordered_map<const c10::FunctionSchema*, Entry>& entries() {
   static const auto table = [] {
     std::unordered_map<const c10::FunctionSchema*, Entry> m;
     auto& d = c10::Dispatcher::singleton();
-    for (const AsyncOp& op : kAsyncOps) {
+    for (const QueuedRoute& op : queued_routes()) {
       auto handle = d.findSchema({op.name, op.overload});
       if (!handle) continue;
       std::optional<c10::OperatorHandle> run = handle;
@@ -433,17 +231,16 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   const auto& table = entries();
   auto it = table.find(&op.schema());
   if (it == table.end()) return false;
-  const AsyncOp& info = *it->second.op;
+  const QueuedRoute& info = *it->second.op;
 
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t begin = stack->size() - num_args;
-  // A small op on an idle stream would run on the caller anyway (runtime.md,
-  // "Small kernels on an idle stream"): the synchronous path does that
-  // without describing the outputs with meta tensors first. Ops whose kernels
-  // check values keep the queued path, so their errors wait for a sync point.
-  // (Not after a failure: the ops behind it are skipped until it is reported.)
-  if (!info.checks_data && neuronrt::current_stream(device).query() && !neuronrt::current_stream(device).failed()) {
+  // A small op on an idle stream would run on the caller anyway
+  // (runs_inline): the synchronous path does that without describing the
+  // outputs with meta tensors first. Ops whose kernels check values keep the
+  // queued path, so their errors wait for a sync point.
+  if (!info.checks_data) {
     size_t bytes = 0;
     for (size_t i = begin; i < stack->size(); ++i) {
       const c10::IValue& v = (*stack)[i];
@@ -453,7 +250,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
         for (const at::Tensor& t : v.toTensorList()) bytes += t.nbytes();
       }
     }
-    if (bytes <= neuronrt::Stream::kInlineBytes / 2) return false;
+    if (runs_inline(neuronrt::current_stream(device), bytes)) return false;
   }
   // An out= call: the functional overload's arguments, then the outputs.
   const size_t num_outs = it->second.called_out ? schema.returns().size() : 0;

@@ -48,18 +48,20 @@
 #include <ATen/ops/sum_native.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/library.h>
 
 #include <array>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <type_traits>
 
+#include "DirectKernels.h"
 #include "Fidelity.h"
 #include "HostExecution.h"
 #include "NeuronAllocator.h"
 #include "NeuronFunctions.h"
 #include "OpTracking.h"
+#include "Routes.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -132,16 +134,12 @@ size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t
 neuronrt::Stream& stream_of(const at::Tensor& self) { return neuronrt::current_stream(self.device().index()); }
 
 // The stream of an op on `self` whose operands total `bytes`, if the host
-// path would run it on the caller as well (see the top), else null. Queued
-// ops run there when their stream is idle and their operands small (the rule
-// of launch_async). Inside a kernel (an op's kernel calling another op),
-// work runs inline.
+// path would run it on the caller as well (see the top), else null. Inside a
+// kernel (an op's kernel calling another op), work runs inline.
 neuronrt::Stream* caller_stream(const at::Tensor& self, size_t bytes) {
   if (strict_mode()) return nullptr;
   neuronrt::Stream& stream = stream_of(self);
-  if (neuronrt::in_kernel() || neuronrt::launch_blocking()) return &stream;
-  if (bytes > neuronrt::Stream::kInlineBytes / 2 || !stream.query() || stream.failed()) return nullptr;
-  return &stream;
+  return neuronrt::in_kernel() || runs_inline(stream, bytes) ? &stream : nullptr;
 }
 
 // Runs `body` (a kernel over device memory) on the stream, on the caller; as
@@ -250,6 +248,57 @@ at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const Extra&... e
   return self;
 }
 
+// ---- the CPU kernels of the stubs, for PrivateUse1 ---------------------------------
+
+// The CPU kernel a stub selects, by the CPU capability (as DispatchStub does;
+// ATEN_CPU_CAPABILITY can lower it).
+template <class Stub>
+void use_cpu_kernel(Stub& stub) {
+  using Base = typename Stub::DispatchStub;
+  typename Base::FnPtr fn = Base::DEFAULT;
+#if defined(__x86_64__)
+  static const std::string capability = at::get_cpu_capability();
+  if (capability == "AVX512" && Base::AVX512) {
+    fn = Base::AVX512;
+  } else if ((capability == "AVX512" || capability == "AVX2") && Base::AVX2) {
+    fn = Base::AVX2;
+  }
+#endif
+  TORCH_INTERNAL_ASSERT(fn, "no CPU kernel for a DispatchStub");
+  stub.set_privateuse1_dispatch_ptr(fn);
+}
+
+}  // namespace
+
+namespace direct {
+
+using namespace at::native;
+
+at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary<structured_ufunc_add_CPU, at::_ops::add_Tensor, false>(self, other, alpha);
+}
+at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary_<structured_ufunc_add_CPU, at::_ops::add__Tensor, false>(self, other, alpha);
+}
+at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary<structured_sub_out, at::_ops::sub_Tensor, false>(self, other, alpha);
+}
+at::Tensor& sub_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary_<structured_sub_out, at::_ops::sub__Tensor, false>(self, other, alpha);
+}
+at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
+  return binary<structured_mul_out, at::_ops::mul_Tensor, false>(self, other);
+}
+at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) {
+  return binary_<structured_mul_out, at::_ops::mul__Tensor, false>(self, other);
+}
+at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
+  return binary<structured_div_out, at::_ops::div_Tensor, true>(self, other);
+}
+at::Tensor& div_(at::Tensor& self, const at::Tensor& other) {
+  return binary_<structured_div_out, at::_ops::div__Tensor, true>(self, other);
+}
+
 // sum over dims, in the input's own dtype. (Integer sums accumulate in int64
 // and reduced-precision sums through a float buffer: conversions, so those
 // take the host path, as do empty inputs, whose kernel calls zero_.)
@@ -311,49 +360,18 @@ at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tenso
   return std::move(op.outputs[0]);
 }
 
-// ---- the CPU kernels of the stubs, for PrivateUse1 ---------------------------------
-
-// The CPU kernel a stub selects, by the CPU capability (as DispatchStub does;
-// ATEN_CPU_CAPABILITY can lower it).
-template <class Stub>
-void use_cpu_kernel(Stub& stub) {
-  using Base = typename Stub::DispatchStub;
-  typename Base::FnPtr fn = Base::DEFAULT;
-#if defined(__x86_64__)
-  static const std::string capability = at::get_cpu_capability();
-  if (capability == "AVX512" && Base::AVX512) {
-    fn = Base::AVX512;
-  } else if ((capability == "AVX512" || capability == "AVX2") && Base::AVX2) {
-    fn = Base::AVX2;
-  }
-#endif
-  TORCH_INTERNAL_ASSERT(fn, "no CPU kernel for a DispatchStub");
-  stub.set_privateuse1_dispatch_ptr(fn);
+void install_cpu_stubs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    use_cpu_kernel(add_stub);
+    use_cpu_kernel(mul_stub);
+    use_cpu_kernel(div_true_stub);
+    use_cpu_kernel(sum_stub);
+    use_cpu_kernel(fill_stub);
+    use_cpu_kernel(index_stub);
+  });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  using namespace at::native;
-  m.impl("add.Tensor", TORCH_FN((binary<structured_ufunc_add_CPU, at::_ops::add_Tensor, false, at::Scalar>)));
-  m.impl("add_.Tensor", TORCH_FN((binary_<structured_ufunc_add_CPU, at::_ops::add__Tensor, false, at::Scalar>)));
-  m.impl("sub.Tensor", TORCH_FN((binary<structured_sub_out, at::_ops::sub_Tensor, false, at::Scalar>)));
-  m.impl("sub_.Tensor", TORCH_FN((binary_<structured_sub_out, at::_ops::sub__Tensor, false, at::Scalar>)));
-  m.impl("mul.Tensor", TORCH_FN((binary<structured_mul_out, at::_ops::mul_Tensor, false>)));
-  m.impl("mul_.Tensor", TORCH_FN((binary_<structured_mul_out, at::_ops::mul__Tensor, false>)));
-  m.impl("div.Tensor", TORCH_FN((binary<structured_div_out, at::_ops::div_Tensor, true>)));
-  m.impl("div_.Tensor", TORCH_FN((binary_<structured_div_out, at::_ops::div__Tensor, true>)));
-  m.impl("sum.dim_IntList", TORCH_FN(sum_dim));
-  m.impl("fill_.Scalar", TORCH_FN(fill_));
-  m.impl("zero_", TORCH_FN(zero_));
-  m.impl("index.Tensor", TORCH_FN(index));
-
-  use_cpu_kernel(add_stub);
-  use_cpu_kernel(mul_stub);
-  use_cpu_kernel(div_true_stub);
-  use_cpu_kernel(sum_stub);
-  use_cpu_kernel(fill_stub);
-  use_cpu_kernel(index_stub);
-}
+}  // namespace direct
 
 }  // namespace at::neuron

@@ -1,7 +1,6 @@
 #include "HostExecution.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/SmallVector.h>
@@ -35,15 +34,6 @@ c10::DataPtr borrow(c10::StorageImpl* owner, c10::Device device) {
   return c10::DataPtr(owner->mutable_data(), owner, &release_storage_ref, device);
 }
 
-// Copies host storage `src` into freshly allocated device storage `dst`.
-void copy_to_device(c10::Storage& dst, const c10::StorageImpl& src) {
-  if (src.nbytes() == 0) return;
-  rt_call([&] {
-    neuronrt::memcpy(dst.mutable_data(), src.data(), src.nbytes(), neuronrt::MemcpyKind::HostToDevice,
-                     neuronrt::current_stream(dst.device().index()));
-  });
-}
-
 bool is_neuron(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
 
 at::Tensor make_like(c10::Storage storage, c10::DispatchKey key, const at::Tensor& meta) {
@@ -56,85 +46,138 @@ at::Tensor make_like(c10::Storage storage, c10::DispatchKey key, const at::Tenso
   return t;
 }
 
-// One op invocation's view of device memory as host memory.
+bool is_generator_arg(const c10::Argument& arg) {
+  auto t = arg.type();
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  return t->kind() == c10::TypeKind::GeneratorType;
+}
+
+// Calls fn(tensor, in_index_list) for every tensor in IValue `iv`.
+template <class F>
+void for_each_tensor(const c10::IValue& iv, F&& fn) {
+  if (iv.isTensor()) {
+    fn(iv.toTensor(), false);
+  } else if (iv.isTensorList()) {
+    for (const at::Tensor& t : iv.toTensorList()) fn(t, false);
+  } else if (iv.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
+      if (t && t->defined()) fn(*t, true);
+    }
+  }
+}
+
+// `iv` with every tensor replaced by fn(tensor).
+template <class F>
+c10::IValue map_tensors(c10::IValue iv, F&& fn) {
+  if (iv.isTensor()) return fn(iv.toTensor());
+  if (iv.isTensorList()) {
+    auto list = iv.toTensorList();
+    for (size_t j = 0; j < list.size(); ++j) list[j] = fn(list[j]);
+    return list;
+  }
+  if (iv.isOptionalTensorList()) {
+    auto list = iv.toOptionalTensorList();
+    for (size_t j = 0; j < list.size(); ++j) {
+      std::optional<at::Tensor> t = list[j];
+      if (t) list[j] = fn(*t);
+    }
+    return list;
+  }
+  return iv;
+}
+
+int64_t max_numel(const torch::jit::Stack& stack, size_t begin) {
+  int64_t n = 1;
+  for (size_t i = begin; i < stack.size(); ++i) {
+    for_each_tensor(stack[i], [&](const at::Tensor& t, bool) { n = std::max(n, t.numel()); });
+  }
+  return n;
+}
+
+// One op invocation on the host runtime, in the steps of host_execute:
+// check, (queue), alias, launch, adopt. Device memory is viewed as host
+// memory for the kernel and its results are mapped back.
 class HostCall {
  public:
-  explicit HostCall(const c10::OperatorHandle& op) : op_(op) {}
+  HostCall(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+      : op_(op), schema_(op.schema()), stack_(*stack),
+        args_begin_(stack->size() - schema_.arguments().size()) {}
 
-  void note_device(c10::Device d) {
-    if (d.type() != kNeuron) return;
-    if (!d.has_index()) d = device_of_index(current_device());  // device="neuron"
-    if (!device_) {
-      device_ = d;
-    } else if (*device_ != d) {
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
-                  *device_, " and ", d, "! (in ", op_.schema().name(), ")");
+  // Finds the device and rejects device mixes (and, in strict mode, dtypes
+  // the target lacks) before anything is touched.
+  void check() {
+    bool has_cpu = false;
+    for (size_t i = 0; i < schema_.arguments().size(); ++i) {
+      const c10::IValue& iv = stack_[args_begin_ + i];
+      const c10::AliasInfo* alias = schema_.arguments()[i].alias_info();
+      const bool written = alias && alias->isWrite();
+      if (iv.isDevice()) note_device(iv.toDevice());
+      for_each_tensor(iv, [&](const at::Tensor& t, bool in_index_list) {
+        if (t.defined()) note_device(t.device());
+        // A 0-dim CPU tensor read by the op is a scalar, and CPU indices may
+        // index device tensors (as on CUDA); anything else, and any CPU
+        // tensor the op writes (out=, in-place self), is a device mix.
+        if (t.defined() && t.device().is_cpu() && (written || (t.dim() > 0 && !in_index_list))) has_cpu = true;
+        if (is_neuron(t) && !in_index_list) check_strict_dtype(t.scalar_type(), schema_.name());
+      });
     }
+    TORCH_CHECK(!(has_cpu && device_), "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", *device_, " and cpu! (in ", schema_.name(), ")");
+    check_device(device_index());
   }
-  void note_cpu_tensor(const at::Tensor& t, bool in_index_list, bool written) {
-    // A 0-dim CPU tensor read by the op is a scalar, and CPU indices may
-    // index device tensors (as on CUDA); anything else, and any CPU tensor
-    // the op writes (out=, in-place self), is a device mix.
-    if (t.defined() && t.device().is_cpu() && (written || (t.dim() > 0 && !in_index_list))) has_cpu_ = true;
-  }
-  void check_mix() const {
-    TORCH_CHECK(!(has_cpu_ && device_), "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", *device_, " and cpu! (in ", op_.schema().name(), ")");
-  }
+
   c10::DeviceIndex device_index() const { return device_ ? device_->index() : current_device(); }
-  bool has_device() const { return device_.has_value(); }
 
-  at::Tensor to_host(const at::Tensor& t) {
-    if (!is_neuron(t)) return t;
-    c10::StorageImpl* orig = t.storage().unsafeGetStorageImpl();
-    c10::Storage* alias = nullptr;
-    for (auto& a : aliases_) {
-      if (a.orig == orig) alias = &a.alias;
-    }
-    if (!alias) {
-      auto impl = c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), orig->nbytes(), borrow(orig, c10::Device(c10::kCPU)),
-          c10::GetCPUAllocator(), /*resizable=*/true);
-      aliases_.push_back({orig, c10::Storage(std::move(impl)), orig->data()});
-      alias = &aliases_.back().alias;
-    }
-    at::Tensor host = make_like(*alias, c10::DispatchKey::CPU, t);
-    args_.emplace_back(host, t);
-    return host;
-  }
-
-  // Maps a kernel result back to the device.
-  at::Tensor to_device(const at::Tensor& host) {
-    if (!host.defined() || !host.device().is_cpu()) return host;
-    for (auto& [h, orig] : args_) {
-      if (h.unsafeGetTensorImpl() == host.unsafeGetTensorImpl()) return orig;  // in-place result
-    }
-    check_supported_dtype(host.scalar_type());
-    return make_like(device_storage(host.storage()), c10::DispatchKey::PrivateUse1, host);
-  }
-
-  // Carries kernel-side changes of arguments (resize, set_) back to them.
-  void sync_arguments() {
-    c10::Device device = device_of_index(device_index());
-    for (auto& a : aliases_) {
-      c10::StorageImpl* alias = a.alias.unsafeGetStorageImpl();
-      if (alias->data() == a.orig_data && alias->nbytes() == a.orig->nbytes()) continue;
-      // The kernel resized the storage. Its new buffer came from the staging
-      // allocator, i.e. from HBM, so the device storage adopts it.
-      TORCH_INTERNAL_ASSERT(alias->nbytes() == 0 || alias->data_ptr().get_deleter() == &device_free,
-                            "resized storage is not device memory");
-      a.orig->set_data_ptr_noswap(borrow(alias, device));
-      a.orig->set_nbytes(alias->nbytes());
-      a.orig_data = alias->data();
-    }
-    for (auto& [host, orig] : args_) {
-      c10::TensorImpl* h = host.unsafeGetTensorImpl();
-      c10::TensorImpl* o = orig.unsafeGetTensorImpl();
-      if (h->storage().unsafeGetStorageImpl() != alias_of(o->storage().unsafeGetStorageImpl())) {
-        o->set_storage_keep_dtype(device_storage(h->storage()));
+  // Replaces device tensors by host aliases and neuron devices by the CPU,
+  // and picks the generator a random op draws from.
+  void alias() {
+    for (size_t i = 0; i < schema_.arguments().size(); ++i) {
+      c10::IValue& iv = stack_[args_begin_ + i];
+      if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
+        iv = c10::Device(c10::kCPU);
+      } else if (is_generator_arg(schema_.arguments()[i])) {
+        generator_args_.push_back(&iv);
+        gen_ = iv.isNone() ? default_generator(device_index()) : iv.toGenerator();
+        TORCH_CHECK(gen_.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",
+                    gen_.device().type(), "'");
+      } else {
+        iv = map_tensors(std::move(iv), [&](const at::Tensor& t) { return to_host(t); });
       }
-      if (h->sizes() != o->sizes() || h->strides() != o->strides() || h->storage_offset() != o->storage_offset()) {
-        o->set_sizes_and_strides(h->sizes(), h->strides(), h->storage_offset());
+    }
+    // Ops without a Generator argument (native_dropout, ...) draw from the
+    // CPU default generator inside their CPU kernel.
+    implicit_ = !gen_.defined() && op_.hasTag(at::Tag::nondeterministic_seeded);
+    if (implicit_) gen_ = default_generator(device_index());
+    // A neuron generator alone (no neuron tensor or device among the
+    // arguments) routes a CPU op here: refuse it as CUDA does.
+    TORCH_CHECK(!gen_.defined() || device_, "Expected a 'cpu' device type for generator but found '",
+                gen_.device(), "' (in ", schema_.name(), ")");
+  }
+
+  // Runs the kernel in a launch on the device's current stream; memory it
+  // allocates comes from HBM (staging), random ops draw through the bridge.
+  void launch() {
+    const c10::DeviceIndex device = device_index();
+    c10::DeviceGuard guard(device_of_index(device));
+    std::optional<GeneratorBridge> rng;
+    if (gen_.defined()) rng.emplace(gen_.get<NeuronGeneratorImpl>(), implicit_, generator_args_);
+    staging_.emplace(device);
+    rt_call([&] {
+      neuronrt::current_stream(device).launch([&] { run_host_kernel(op_, &stack_); }, schema_.name().c_str());
+    });
+    staging_->end();
+    if (rng) rng->finish(static_cast<uint64_t>(max_numel(stack_, stack_.size() - schema_.returns().size())));
+  }
+
+  // Carries kernel-side changes of the arguments back to them and maps the
+  // results to neuron tensors.
+  void adopt() {
+    sync_arguments();
+    const size_t rets_begin = stack_.size() - schema_.returns().size();
+    if (strict_mode()) check_strict_results(rets_begin);
+    for (size_t i = rets_begin; i < stack_.size(); ++i) {
+      if (stack_[i].isTensor() || stack_[i].isTensorList()) {
+        stack_[i] = map_tensors(std::move(stack_[i]), [&](const at::Tensor& t) { return to_device(t); });
       }
     }
   }
@@ -146,84 +189,152 @@ class HostCall {
     const void* orig_data;
   };
 
-  c10::StorageImpl* alias_of(c10::StorageImpl* orig) {
+  void note_device(c10::Device d) {
+    if (d.type() != kNeuron) return;
+    if (!d.has_index()) d = device_of_index(current_device());  // device="neuron"
+    if (!device_) {
+      device_ = d;
+    } else if (*device_ != d) {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                  *device_, " and ", d, "! (in ", schema_.name(), ")");
+    }
+  }
+
+  at::Tensor to_host(const at::Tensor& t) {
+    if (!is_neuron(t)) return t;
+    c10::StorageImpl* orig = t.storage().unsafeGetStorageImpl();
+    Alias* a = alias_of(orig);
+    if (!a) {
+      // Resizable: a kernel may resize its out= argument (from HBM, staged).
+      auto impl = c10::make_intrusive<c10::StorageImpl>(
+          c10::StorageImpl::use_byte_size_t(), orig->nbytes(), borrow(orig, c10::Device(c10::kCPU)),
+          c10::GetCPUAllocator(), /*resizable=*/true);
+      a = &aliases_.emplace_back(Alias{orig, c10::Storage(std::move(impl)), orig->data()});
+    }
+    at::Tensor host = make_like(a->alias, c10::DispatchKey::CPU, t);
+    args_.emplace_back(host, t);
+    return host;
+  }
+
+  Alias* alias_of(c10::StorageImpl* orig) {
     for (auto& a : aliases_) {
-      if (a.orig == orig) return a.alias.unsafeGetStorageImpl();
+      if (a.orig == orig) return &a;
     }
     return nullptr;
   }
 
-  // The device storage backing host storage `s`: the original of an alias,
-  // or a device storage adopting (or, failing that, copying) fresh memory.
-  c10::Storage device_storage(const c10::Storage& s) {
+  // Maps a kernel result back to the device.
+  at::Tensor to_device(const at::Tensor& host) {
+    if (!host.defined() || !host.device().is_cpu()) return host;
+    for (auto& [h, orig] : args_) {
+      if (h.unsafeGetTensorImpl() == host.unsafeGetTensorImpl()) return orig;  // in-place result
+    }
+    check_supported_dtype(host.scalar_type());
+    return make_like(adopt_storage(host.storage()), c10::DispatchKey::PrivateUse1, host);
+  }
+
+  // Carries kernel-side changes of arguments (resize, set_) back to them.
+  void sync_arguments() {
+    c10::Device device = device_of_index(device_index());
+    for (auto& a : aliases_) {
+      c10::StorageImpl* alias = a.alias.unsafeGetStorageImpl();
+      if (alias->data() == a.orig_data && alias->nbytes() == a.orig->nbytes()) continue;
+      // The kernel resized the storage: its new buffer came from the staging
+      // allocator, i.e. from HBM, so the device storage adopts it.
+      TORCH_INTERNAL_ASSERT(alias->nbytes() == 0 || staging_->kind_of(*alias) == StorageKind::Staged,
+                            "resized storage is not device memory");
+      a.orig->set_data_ptr_noswap(borrow(alias, device));
+      a.orig->set_nbytes(alias->nbytes());
+      a.orig_data = alias->data();
+    }
+    for (auto& [host, orig] : args_) {
+      c10::TensorImpl* h = host.unsafeGetTensorImpl();
+      c10::TensorImpl* o = orig.unsafeGetTensorImpl();
+      Alias* a = alias_of(o->storage().unsafeGetStorageImpl());
+      if (!a || h->storage().unsafeGetStorageImpl() != a->alias.unsafeGetStorageImpl()) {
+        o->set_storage_keep_dtype(adopt_storage(h->storage()));
+      }
+      if (h->sizes() != o->sizes() || h->strides() != o->strides() || h->storage_offset() != o->storage_offset()) {
+        o->set_sizes_and_strides(h->sizes(), h->strides(), h->storage_offset());
+      }
+    }
+  }
+
+  // The device storage backing host storage `s`, the one place host memory
+  // becomes device memory: the original of an alias, else by its kind.
+  c10::Storage adopt_storage(const c10::Storage& s) {
     c10::StorageImpl* impl = s.unsafeGetStorageImpl();
     for (auto& a : aliases_) {
       if (a.alias.unsafeGetStorageImpl() == impl && impl->data() == a.orig_data) {
         return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(a.orig));
       }
     }
-    for (auto& [host, dev] : fresh_) {
+    for (auto& [host, dev] : adopted_) {
       if (host == impl) return dev;
     }
     c10::Device device = device_of_index(device_index());
     c10::Storage dev;
-    if (!impl->data() && impl->nbytes() > 0) {
-      // No memory behind it (ZeroTensor): nothing to adopt or copy.
-      dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), impl->nbytes(), c10::DataPtr(nullptr, device), nullptr, false));
-    } else if (impl->data_ptr().get_deleter() == &device_free) {
-      // Allocated in HBM under the StagingScope and referenced only by this
-      // kernel's results: the storage itself becomes device storage.
-      impl->mutable_data_ptr().unsafe_set_device(device);
-      impl->set_allocator(device_allocator());
-      dev = s;
-    } else {
-      // Host memory from elsewhere (e.g. an intra-op worker thread): copy.
-      c10::DeviceGuard guard(device);
-      dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), impl->nbytes(), device_allocator(), true));
-      copy_to_device(dev, *impl);
+    switch (staging_->kind_of(*impl)) {
+      case StorageKind::Device:
+        dev = s;
+        break;
+      case StorageKind::NoMemory:
+        dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+            c10::StorageImpl::use_byte_size_t(), impl->nbytes(), c10::DataPtr(nullptr, device), nullptr, false));
+        break;
+      case StorageKind::Staged:
+        // HBM referenced only by this kernel's results: the storage itself
+        // becomes device storage.
+        impl->mutable_data_ptr().unsafe_set_device(device);
+        impl->set_allocator(device_allocator());
+        dev = s;
+        break;
+      case StorageKind::Host: {
+        c10::DeviceGuard guard(device);
+        dev = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+            c10::StorageImpl::use_byte_size_t(), impl->nbytes(), device_allocator(), true));
+        if (impl->nbytes() > 0) {
+          rt_call([&] {
+            neuronrt::memcpy(dev.mutable_data(), impl->data(), impl->nbytes(), neuronrt::MemcpyKind::HostToDevice,
+                             neuronrt::current_stream(device.index()));
+          });
+        }
+        break;
+      }
     }
-    fresh_.emplace_back(impl, dev);
+    adopted_.emplace_back(impl, dev);
     return dev;
   }
 
+  // Strict mode: the results' dtypes and int64 ranges (Fidelity.h).
+  void check_strict_results(size_t rets_begin) {
+    for (size_t i = rets_begin; i < stack_.size(); ++i) {
+      const auto& iv = stack_[i];
+      if (!iv.isTensor() || !iv.toTensor().defined()) continue;
+      check_strict_dtype(iv.toTensor().scalar_type(), schema_.name());
+      // Computed values only: a view (unfold, diagonal, ...) computes none,
+      // and may even show memory its op has yet to fill.
+      const c10::AliasInfo* alias = schema_.returns()[i - rets_begin].alias_info();
+      if (alias && !alias->isWrite()) continue;
+      const auto access = neuronrt::host_access();  // reads the result on the host
+      check_strict_int_range(iv.toTensor(), schema_.name());
+    }
+  }
+
   const c10::OperatorHandle& op_;
+  const c10::FunctionSchema& schema_;
+  torch::jit::Stack& stack_;
+  const size_t args_begin_;
   std::optional<c10::Device> device_;
-  bool has_cpu_ = false;
+  at::Generator gen_;
+  bool implicit_ = false;
+  c10::SmallVector<c10::IValue*, 1> generator_args_;
+  std::optional<StagingScope> staging_;
   // Inline capacity covers nearly all ops without heap allocations.
   c10::SmallVector<Alias, 4> aliases_;
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 6> args_;  // (host alias, original)
-  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> fresh_;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 2> adopted_;
 };
-
-bool is_generator_arg(const c10::Argument& arg) {
-  auto t = arg.type();
-  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-  return t->kind() == c10::TypeKind::GeneratorType;
-}
-
-// In philox mode, a CPU generator that draws from the neuron generator's
-// Philox stream: seeded from philox(seed, offset), so a given (seed, offset)
-// always yields the same values and get/set_offset select streams as on other
-// accelerators.
-at::Generator bridge_generator(uint64_t seed, uint64_t offset) {
-  auto r = neuronrt::philox4x32(seed, offset >> 2, /*subsequence=*/0x6e6575726f6eULL);
-  uint64_t mixed = (static_cast<uint64_t>(r[1]) << 32) | r[0];
-  return at::make_generator<at::CPUGeneratorImpl>(mixed);
-}
-
-int64_t max_numel(const torch::jit::Stack& stack, size_t begin) {
-  int64_t n = 1;
-  for (size_t i = begin; i < stack.size(); ++i) {
-    const auto& iv = stack[i];
-    if (iv.isTensor()) n = std::max(n, iv.toTensor().numel());
-    else if (iv.isTensorList()) {
-      for (const at::Tensor& t : iv.toTensorList()) n = std::max(n, t.numel());
-    }
-  }
-  return n;
-}
 
 }  // namespace
 
@@ -233,29 +344,6 @@ at::Tensor host_alias(const at::Tensor& t) {
   c10::Storage alias(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), orig->nbytes(),
                                                            borrow(orig, c10::Device(c10::kCPU)), nullptr, false));
   return make_like(std::move(alias), c10::DispatchKey::CPU, t);
-}
-
-at::Tensor device_tensor(const at::Tensor& host, c10::DeviceIndex device) {
-  if (!host.defined() || !host.device().is_cpu()) return host;
-  check_supported_dtype(host.scalar_type());
-  c10::StorageImpl* impl = host.storage().unsafeGetStorageImpl();
-  const c10::DataPtr& dp = impl->data_ptr();
-  c10::Device dev = device_of_index(device);
-  c10::Storage storage;
-  if (dp.get_deleter() == &release_storage_ref &&
-      static_cast<c10::StorageImpl*>(dp.get_context())->device().type() == kNeuron) {
-    storage = c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
-        static_cast<c10::StorageImpl*>(dp.get_context())));
-  } else if (dp.get_deleter() == &device_free) {
-    storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), impl->nbytes(), borrow(impl, dev), device_allocator(), true));
-  } else {
-    c10::DeviceGuard guard(dev);
-    storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
-                                                                 impl->nbytes(), device_allocator(), true));
-    copy_to_device(storage, *impl);
-  }
-  return make_like(std::move(storage), c10::DispatchKey::PrivateUse1, host);
 }
 
 std::vector<c10::IValue> host_call(const char* name, const char* overload, std::vector<c10::IValue> args) {
@@ -282,159 +370,14 @@ void check_supported_dtype(c10::ScalarType dtype) {
 }
 
 void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
-  const size_t args_begin = stack->size() - num_args;
-  HostCall call(op);
-
   lazy_init();
   AllocationContext context;  // labels this op's allocations (memory history)
-  // Pass 1: find the device and reject device mixes before touching anything.
-  for (size_t i = 0; i < num_args; ++i) {
-    auto& iv = (*stack)[args_begin + i];
-    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
-    const bool written = alias && alias->isWrite();
-    if (iv.isTensor()) {
-      const at::Tensor& t = iv.toTensor();
-      if (t.defined()) call.note_device(t.device());
-      call.note_cpu_tensor(t, false, written);
-      if (is_neuron(t)) check_strict_dtype(t.scalar_type(), schema.name());
-    } else if (iv.isTensorList()) {
-      for (const at::Tensor& t : iv.toTensorList()) {
-        call.note_device(t.device());
-        call.note_cpu_tensor(t, false, written);
-        if (is_neuron(t)) check_strict_dtype(t.scalar_type(), schema.name());
-      }
-    } else if (iv.isOptionalTensorList()) {
-      for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
-        if (t && t->defined()) {
-          call.note_device(t->device());
-          call.note_cpu_tensor(*t, true, written);
-        }
-      }
-    } else if (iv.isDevice()) {
-      call.note_device(iv.toDevice());
-    }
-  }
-  call.check_mix();
-  const c10::DeviceIndex device = call.device_index();
-  check_device(device);
-  if (launch_async(op, stack, device)) return;
-
-  // Pass 2: alias device memory as host tensors, route devices and RNG.
-  at::Generator neuron_gen;
-  for (size_t i = 0; i < num_args; ++i) {
-    auto& iv = (*stack)[args_begin + i];
-    if (iv.isTensor()) {
-      iv = call.to_host(iv.toTensor());
-    } else if (iv.isTensorList()) {
-      auto list = iv.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j) list[j] = call.to_host(list[j]);
-      iv = list;
-    } else if (iv.isOptionalTensorList()) {
-      auto list = iv.toOptionalTensorList();
-      for (size_t j = 0; j < list.size(); ++j) {
-        std::optional<at::Tensor> t = list[j];
-        if (t) list[j] = call.to_host(*t);
-      }
-      iv = list;
-    } else if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
-      iv = c10::Device(c10::kCPU);
-    } else if (is_generator_arg(schema.arguments()[i])) {
-      neuron_gen = iv.isNone() ? default_generator(device) : iv.toGenerator();
-      TORCH_CHECK(neuron_gen.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",
-                  neuron_gen.device().type(), "'");
-    }
-  }
-
-  // Random ops draw from the device's generator (NeuronGenerator.h). Ops
-  // without a Generator argument (native_dropout, ...) draw from the CPU
-  // default generator inside their CPU kernel, which is the default neuron
-  // generator's engine in cpu mode.
-  const bool implicit = !neuron_gen.defined() && op.hasTag(at::Tag::nondeterministic_seeded);
-  if (implicit) neuron_gen = default_generator(device);
-
-  // A neuron generator alone (no neuron tensor or device among the
-  // arguments) routes a CPU op here: refuse it as CUDA does.
-  TORCH_CHECK(!neuron_gen.defined() || call.has_device(), "Expected a 'cpu' device type for generator but found '",
-              neuron_gen.device(), "' (in ", schema.name(), ")");
-
-  c10::DeviceGuard guard(device_of_index(device));
-  // Held across the kernel, so that draws and offsets stay in program order;
-  // the kernel itself locks the engine it draws from.
-  std::unique_lock<std::mutex> gen_lock;
-  NeuronGeneratorImpl* gen = nullptr;
-  // The CPU default generator, swapped to the Philox bridge for the call.
-  struct RestoreCpuDefault {
-    std::optional<at::Generator> gen;
-    at::Tensor state;
-    ~RestoreCpuDefault() {
-      if (!gen) return;
-      std::lock_guard<std::mutex> lock(gen->mutex());
-      gen->set_state(state);
-    }
-  } cpu_default;
-  if (neuron_gen.defined()) {
-    gen = neuron_gen.get<NeuronGeneratorImpl>();
-    gen_lock = std::unique_lock<std::mutex>(gen->mutex_);
-    if (gen->draws_from_engine()) {
-      TORCH_INTERNAL_ASSERT(!implicit || gen->shares_cpu_default());
-      for (size_t i = 0; i < num_args && !implicit; ++i) {
-        if (is_generator_arg(schema.arguments()[i])) (*stack)[args_begin + i] = gen->engine();
-      }
-    } else if (implicit) {
-      // Philox: reseed the CPU default engine from the device generator for
-      // the call and restore the caller's CPU RNG state afterwards.
-      at::Generator cpu = at::detail::getDefaultCPUGenerator();
-      at::Generator seeded = bridge_generator(gen->current_seed(), gen->get_offset());
-      std::lock_guard<std::mutex> lock(cpu.mutex());
-      cpu_default.state = cpu.get_state();
-      cpu.set_state(seeded.get_state());
-      cpu_default.gen = cpu;
-    } else {
-      for (size_t i = 0; i < num_args; ++i) {
-        if (is_generator_arg(schema.arguments()[i])) {
-          (*stack)[args_begin + i] = bridge_generator(gen->current_seed(), gen->get_offset());
-        }
-      }
-    }
-  }
-
-  {
-    StagingScope staging(device);
-    rt_call([&] {
-      neuronrt::current_stream(device).launch(
-          [&] { run_host_kernel(op, stack); }, schema.name().c_str());
-    });
-  }
-  if (gen) gen->reserve(static_cast<uint64_t>(max_numel(*stack, stack->size() - schema.returns().size())));
-
-  // Map results back to the device.
-  call.sync_arguments();
-  const size_t rets_begin = stack->size() - schema.returns().size();
-  if (strict_mode()) {
-    for (size_t i = rets_begin; i < stack->size(); ++i) {
-      const auto& iv = (*stack)[i];
-      if (!iv.isTensor() || !iv.toTensor().defined()) continue;
-      check_strict_dtype(iv.toTensor().scalar_type(), schema.name());
-      // Computed values only: a view (unfold, diagonal, ...) computes none,
-      // and may even show memory its op has yet to fill.
-      const c10::AliasInfo* alias = schema.returns()[i - rets_begin].alias_info();
-      if (alias && !alias->isWrite()) continue;
-      const auto access = neuronrt::host_access();  // reads the result on the host
-      check_strict_int_range(iv.toTensor(), schema.name());
-    }
-  }
-  for (size_t i = rets_begin; i < stack->size(); ++i) {
-    auto& iv = (*stack)[i];
-    if (iv.isTensor()) {
-      iv = call.to_device(iv.toTensor());
-    } else if (iv.isTensorList()) {
-      auto list = iv.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j) list[j] = call.to_device(list[j]);
-      iv = list;
-    }
-  }
+  HostCall call(op, stack);
+  call.check();
+  if (launch_async(op, stack, call.device_index())) return;  // queued
+  call.alias();
+  call.launch();
+  call.adopt();
 }
 
 // ---- fallback ---------------------------------------------------------------

@@ -20,8 +20,9 @@
 
 namespace at::neuron {
 
-// Runs `op` on the host runtime. Used for every op in the device's kernel
-// table and by the fallback.
+// Runs `op` on the host runtime, in steps: check the devices, queue it if it
+// can be (launch_async), else alias, launch and adopt the results. Used for
+// every op of the route table (Routes.h) and by the fallback.
 void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // The kernel registered for the table's ops: notes the op as executed
 // (OpTracking.h), then host_execute.
@@ -53,18 +54,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 std::map<std::string, int64_t> fallback_counts();
 void reset_fallback_counts();
 
-// Registers host_execute as the PrivateUse1 kernel for every overload of
-// the ops in the device kernel table (see HostOps.cpp). Returns the names.
-std::vector<std::string> register_host_kernels();
-
 // A CPU tensor over the same bytes as neuron tensor `t` (zero copy); it keeps
 // t's storage alive. Non-neuron tensors are returned unchanged.
 at::Tensor host_alias(const at::Tensor& t);
-
-// The neuron tensor backed by host tensor `host`'s memory: the original
-// device storage for an alias made by host_alias, the HBM block itself for
-// memory allocated under a StagingScope, otherwise a copy on `device`.
-at::Tensor device_tensor(const at::Tensor& host, c10::DeviceIndex device);
 
 // Calls aten::`name`.`overload` through host_execute with `args` and returns
 // the results (neuron tensors where the op produced tensors).

@@ -87,7 +87,9 @@ class NeuronDeviceAllocator final : public c10::DeviceAllocator {
 NeuronDeviceAllocator g_device_allocator;
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
 
-thread_local int tls_staging_device = -1;
+thread_local StagingScope* tls_staging = nullptr;
+
+}  // namespace
 
 // Sits in front of ATen's CPU allocator. Outside a StagingScope it forwards
 // to the allocator it replaced.
@@ -96,8 +98,10 @@ class StagingAllocator final : public c10::Allocator {
   explicit StagingAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
-    if (tls_staging_device < 0) return base_->allocate(nbytes);
-    void* ptr = rt_allocate(static_cast<c10::DeviceIndex>(tls_staging_device), nbytes);
+    StagingScope* scope = tls_staging;
+    if (!scope) return base_->allocate(nbytes);
+    void* ptr = rt_allocate(scope->device_, nbytes);
+    if (ptr) scope->staged_.push_back(ptr);
     return {ptr, ptr, &device_free, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
@@ -109,7 +113,9 @@ class StagingAllocator final : public c10::Allocator {
   c10::Allocator* base_;
 };
 
+namespace {
 StagingAllocator* g_staging = nullptr;
+}  // namespace
 
 void StagingAllocator::raw_delete(void* ptr) {
   if (ptr && neuronrt::pointer_device(ptr) >= 0) {
@@ -118,8 +124,6 @@ void StagingAllocator::raw_delete(void* ptr) {
     del(ptr);
   }
 }
-
-}  // namespace
 
 void device_free(void* ptr) {
   if (ptr && c10::memoryProfilingEnabled()) {
@@ -134,11 +138,25 @@ void device_free(void* ptr) {
 
 c10::Allocator* device_allocator() { return &g_device_allocator; }
 
-StagingScope::StagingScope(c10::DeviceIndex device) : prev_(tls_staging_device) {
-  tls_staging_device = device;
+StagingScope::StagingScope(c10::DeviceIndex device) : device_(device), prev_(tls_staging) { tls_staging = this; }
+
+StagingScope::~StagingScope() { end(); }
+
+void StagingScope::end() {
+  if (!active_) return;
+  active_ = false;
+  tls_staging = prev_;
 }
 
-StagingScope::~StagingScope() { tls_staging_device = prev_; }
+StorageKind StagingScope::kind_of(const c10::StorageImpl& storage) const {
+  if (storage.device_type() == c10::DeviceType::PrivateUse1) return StorageKind::Device;
+  const void* data = storage.data();
+  if (!data) return storage.nbytes() > 0 ? StorageKind::NoMemory : StorageKind::Host;
+  for (const void* p : staged_) {
+    if (p == data) return StorageKind::Staged;
+  }
+  return StorageKind::Host;
+}
 
 namespace {
 std::atomic<AllocationContextHook> g_context_hook{nullptr};

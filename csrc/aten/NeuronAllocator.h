@@ -4,6 +4,8 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 
 namespace at::neuron {
 
@@ -12,8 +14,18 @@ void device_free(void* ptr);
 // The registered c10::DeviceAllocator for PrivateUse1.
 c10::Allocator* device_allocator();
 
+// What backs a storage a host kernel returned: how it becomes a neuron
+// storage (HostExecution.cpp, adopt_storage).
+enum class StorageKind {
+  Device,    // a neuron storage
+  Staged,    // HBM the kernel allocated through the staging allocator
+  NoMemory,  // no bytes behind it (a ZeroTensor's)
+  Host,      // host memory from elsewhere (e.g. an intra-op worker thread's)
+};
+
 // While alive, allocations through ATen's CPU allocator on this thread are
 // served from `device`'s HBM (the DataPtr still says CPU; callers rewrap).
+// The scope records what it served, so it can tell staged storages apart.
 class StagingScope {
  public:
   explicit StagingScope(c10::DeviceIndex device);
@@ -21,8 +33,16 @@ class StagingScope {
   StagingScope(const StagingScope&) = delete;
   StagingScope& operator=(const StagingScope&) = delete;
 
+  // Ends the redirection early; the record stays for kind_of.
+  void end();
+  StorageKind kind_of(const c10::StorageImpl& storage) const;
+
  private:
-  int prev_;
+  friend class StagingAllocator;
+  c10::DeviceIndex device_;
+  StagingScope* prev_;
+  bool active_ = true;
+  c10::SmallVector<const void*, 4> staged_;
 };
 
 // Installs the staging hook in front of ATen's CPU allocator (idempotent).

@@ -222,4 +222,44 @@ at::Generator new_generator(c10::DeviceIndex device) {
                                                  /*shared=*/false);
 }
 
+namespace {
+
+at::Generator philox_bridge(const NeuronGeneratorImpl& gen) {
+  auto r = neuronrt::philox4x32(gen.current_seed(), gen.get_offset() >> 2, /*subsequence=*/0x6e6575726f6eULL);
+  uint64_t mixed = (static_cast<uint64_t>(r[1]) << 32) | r[0];
+  return at::make_generator<at::CPUGeneratorImpl>(mixed);
+}
+
+}  // namespace
+
+GeneratorBridge::GeneratorBridge(NeuronGeneratorImpl* gen, bool implicit, c10::ArrayRef<c10::IValue*> generator_args)
+    : gen_(gen), lock_(gen->mutex_) {
+  if (gen->draws_from_engine()) {
+    // An implicit draw takes the CPU default generator, which is the default
+    // neuron generator's engine in cpu mode.
+    TORCH_INTERNAL_ASSERT(!implicit || gen->shares_cpu_default());
+    for (c10::IValue* arg : generator_args) *arg = gen->engine();
+  } else if (implicit) {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    at::Generator seeded = philox_bridge(*gen);
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu_state_ = cpu.get_state();
+    cpu.set_state(seeded.get_state());
+    cpu_default_ = cpu;
+  } else {
+    for (c10::IValue* arg : generator_args) *arg = philox_bridge(*gen);
+  }
+}
+
+void GeneratorBridge::finish(uint64_t drawn) {
+  if (!lock_.owns_lock()) return;
+  if (drawn > 0) gen_->reserve(drawn);
+  if (cpu_default_) {
+    std::lock_guard<std::mutex> lock(cpu_default_->mutex());
+    cpu_default_->set_state(cpu_state_);
+    cpu_default_.reset();
+  }
+  lock_.unlock();
+}
+
 }  // namespace at::neuron

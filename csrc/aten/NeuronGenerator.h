@@ -28,6 +28,10 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/GeneratorImpl.h>
+#include <c10/util/ArrayRef.h>
+
+#include <mutex>
+#include <optional>
 
 #include "csrc/runtime/Runtime.h"
 
@@ -80,5 +84,32 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
 
 const at::Generator& default_generator(c10::DeviceIndex device);
 at::Generator new_generator(c10::DeviceIndex device);
+
+// How one call of a random op's CPU kernel draws from neuron generator `gen`
+// (the RNG bridge). In cpu mode the kernel gets the generator's engine; in
+// philox mode a CPU generator seeded from philox(seed, offset), so a given
+// (seed, offset) always yields the same values. `generator_args` are the
+// kernel's Generator arguments; an op without one (`implicit`, e.g.
+// native_dropout) draws from the CPU default generator, which in philox mode
+// is reseeded for the call and restored by finish(). The generator stays
+// locked from construction to finish(), so that draws and offsets keep
+// program order.
+class GeneratorBridge {
+ public:
+  GeneratorBridge(NeuronGeneratorImpl* gen, bool implicit, c10::ArrayRef<c10::IValue*> generator_args);
+  ~GeneratorBridge() { finish(0); }
+  GeneratorBridge(const GeneratorBridge&) = delete;
+  GeneratorBridge& operator=(const GeneratorBridge&) = delete;
+
+  // After the kernel: advances the offset past the `drawn` values, restores
+  // the CPU default generator, unlocks.
+  void finish(uint64_t drawn);
+
+ private:
+  NeuronGeneratorImpl* gen_;
+  std::unique_lock<std::mutex> lock_;
+  std::optional<at::Generator> cpu_default_;
+  at::Tensor cpu_state_;
+};
 
 }  // namespace at::neuron

@@ -10,6 +10,7 @@
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/aten/NeuronGenerator.h"
 #include "csrc/aten/OpTracking.h"
+#include "csrc/aten/Routes.h"
 #include "csrc/runtime/Runtime.h"
 
 #include <mutex>
@@ -80,7 +81,17 @@ PYBIND11_MODULE(_C, m) {
   torch_neuronx::register_compiled_kernels(m);
 
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
-        "Registers the device kernel table; returns the registered op names.");
+        "Registers the route table's kernels; returns the registered op names.");
+  m.def(
+      "_route_table",
+      [] {
+        std::vector<py::tuple> rows;
+        for (const auto& r : at::neuron::route_table()) {
+          rows.push_back(py::make_tuple(r.op, r.direct, r.queued, r.checks_data, r.random));
+        }
+        return rows;
+      },
+      "The route table per overload: (op, direct, queued, checks_data, random) (csrc/aten/Routes.h).");
   m.def("_fallback_counts", &at::neuron::fallback_counts);
   m.def("_gemv_calls", &at::neuron::gemv_calls, "matmuls run by the runtime's GEMV kernel (DeviceKernels.cpp)");
   m.def("_gemv_isa", &neuronrt::gemv_isa, "the GEMV kernel build in use: avx512, avx2 or generic");
@@ -138,9 +149,6 @@ PYBIND11_MODULE(_C, m) {
   // Compiled host code (torch.compile backend "neuron") runs on aliases of
   // device memory and allocates its outputs in HBM.
   m.def("_host_alias", &at::neuron::host_alias);
-  m.def("_device_tensor", [](const at::Tensor& t, int device) {
-    return at::neuron::device_tensor(t, static_cast<c10::DeviceIndex>(device));
-  });
   // Runs fn() as a kernel on `device`'s current stream: host code working on
   // aliases of device memory (compiled graphs) is device work like any other.
   m.def("_launch", [](int device, py::function fn, std::string name) {
