@@ -19,7 +19,11 @@ storage uses during its lifetime, so a loop's tiles reuse the same (cached)
 memory. A buffer whose first use does not overwrite all of it is filled with
 the NaN sentinel first, as the interpreter's fresh buffers are (outputs too,
 unless the kernel writes all of them); a destination nothing reads afterwards
-is not stored."""
+is not stored.
+
+One module over 600 lines on purpose: the lowering is one pass over the
+program whose cases share the buffer, dtype and arena bookkeeping; the record
+layout it writes is checked against the runtime's at first use."""
 import math
 import os
 import platform

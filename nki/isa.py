@@ -1,6 +1,9 @@
 """nki.isa (``nisa``): one function per NeuronCore instruction. The
 destination comes first and is written in place; every operand is checked
-against the engine's rules while tracing."""
+against the engine's rules while tracing.
+
+One module over 600 lines on purpose: it is the public ``nki.isa`` namespace,
+one function per instruction, as users import it."""
 import enum
 import math
 

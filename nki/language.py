@@ -2,7 +2,10 @@
 allocate their result in SBUF, loops, SPMD ids and tile limits.
 
 Every operator is recorded into the kernel's program while tracing and runs
-as a whole-tile torch operation (fp32 compute, rounded on store)."""
+as a whole-tile torch operation (fp32 compute, rounded on store).
+
+One module over 600 lines on purpose: it is the public ``nki.language``
+namespace, one short function per operator, as users import it."""
 import builtins
 import math
 

@@ -1,3 +1,7 @@
+// The `neuron` c10d backend: per collective, this rank's argument checks,
+// then the shared-memory path (ShmPath) or the Gloo path (GlooPath); plus the
+// constructor, split, settings and abort/shutdown. Slightly over 600 lines:
+// twenty collectives of a few lines each, the c10d::Backend surface.
 #include "csrc/distributed/ProcessGroupNeuron.h"
 
 #include <ATen/ATen.h>
