@@ -291,16 +291,22 @@ def copy(x, dtype=None, **kw):
 copy._nki_op = OPS["copy"]
 
 
-def load_transpose2d(src, dtype=None, **kw):
-    instr = "nki.language.load_transpose2d"
-    _checks.tile(instr, "src", src, ("hbm",))
+def _transpose2d(instr, name, what, size_name, src, dtype, where=_checks.ON_CHIP):
+    """A 2-D transpose into a fresh SBUF tile (``transpose`` of a tile,
+    ``load_transpose2d`` of an HBM tensor): the source's free size becomes the
+    partitions."""
+    _checks.tile(instr, name, src, where)
     if src.ndim != 2:
-        fail(instr, "src", f"expected a 2-D tensor, got {list(src.shape)}")
-    _checks.partitions(instr, "src", src.shape[1])
+        fail(instr, name, f"expected a 2-D {what}, got {list(src.shape)}")
+    _checks.partitions(instr, size_name, src.shape[1])
     out = _result((src.shape[1], src.shape[0]), dtype or src.dtype)
     _trace.record(instr, lambda env: env.write(out, env.view(src).t()), out, src,
                   ir=("transpose", {"dst": out, "src": src, "axes": (1, 0)}))
     return out
+
+
+def load_transpose2d(src, dtype=None, **kw):
+    return _transpose2d("nki.language.load_transpose2d", "src", "tensor", "src", src, dtype, ("hbm",))
 
 
 # -- reductions ------------------------------------------------------------
@@ -477,15 +483,7 @@ def matmul(x, y, transpose_x=False, **kw):
 
 
 def transpose(x, dtype=None, **kw):
-    instr = "nki.language.transpose"
-    _checks.tile(instr, "x", x)
-    if x.ndim != 2:
-        fail(instr, "x", f"expected a 2-D tile, got {list(x.shape)}")
-    _checks.partitions(instr, "x (free size)", x.shape[1])
-    out = _result((x.shape[1], x.shape[0]), dtype or x.dtype)
-    _trace.record(instr, lambda env: env.write(out, env.view(x).t()), out, x,
-                  ir=("transpose", {"dst": out, "src": x, "axes": (1, 0)}))
-    return out
+    return _transpose2d("nki.language.transpose", "x", "tile", "x (free size)", x, dtype)
 
 
 def where(condition, x, y, dtype=None, **kw):
