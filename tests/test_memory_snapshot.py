@@ -96,3 +96,25 @@ def test_raw_caching_allocator_memory():
 
 def test_arch_list():
     assert torch.neuron.get_arch_list() == [f"neuroncore-v{torch.neuron.get_device_capability()[0]}"]
+
+
+GC_DURING_SNAPSHOT = r"""
+import gc, torch
+torch.neuron.memory._record_memory_history(enabled="all", context="all")
+gc.set_threshold(1)  # a collection at (almost) every allocation of a Python object
+for _ in range(20):
+    cycle = [torch.ones(256, device="neuron")]
+    cycle.append(cycle)  # freed only by the collector, possibly inside _snapshot()
+    del cycle
+    snap = torch.neuron.memory._snapshot()
+    assert snap["segments"] and snap["device_traces"]
+print("ok")
+"""
+
+
+def test_snapshot_while_the_collector_frees_neuron_tensors():
+    """Building the snapshot's Python objects can run the garbage collector,
+    whose frees of neuron tensors are recorded into the history: the snapshot
+    must not hold the history's lock then (it deadlocked)."""
+    out = subprocess.run([sys.executable, "-c", GC_DURING_SNAPSHOT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

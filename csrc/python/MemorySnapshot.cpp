@@ -163,15 +163,27 @@ py::dict snapshot() {
     // As memory statistics: blocks of tensors whose last users have run are free.
     return neuronrt::memory_snapshot();
   });
-  History& h = history();
-  std::lock_guard<std::mutex> lock(h.mutex);
-  py::list segments;
-  for (const auto& b : blocks) {
-    Frames frames;
-    if (b.in_use) {
-      auto it = h.live.find(b.address);
-      if (it != h.live.end()) frames = it->second;
+  // Copy what the snapshot needs under the history lock, then build the
+  // Python objects without it: building them can run the garbage collector,
+  // whose frees of neuron tensors reach observe(), which takes the same lock.
+  std::vector<Frames> block_frames(blocks.size());
+  std::vector<std::vector<TraceEntry>> device_traces(static_cast<size_t>(neuronrt::device_count()));
+  {
+    History& h = history();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (!blocks[i].in_use) continue;
+      auto it = h.live.find(blocks[i].address);
+      if (it != h.live.end()) block_frames[i] = it->second;
     }
+    for (size_t d = 0; d < device_traces.size() && d < h.traces.size(); ++d) {
+      device_traces[d].assign(h.traces[d].begin(), h.traces[d].end());
+    }
+  }
+  py::list segments;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto& b = blocks[i];
+    const Frames& frames = block_frames[i];
     py::dict block;
     block["address"] = b.address;
     block["size"] = b.size;
@@ -194,19 +206,17 @@ py::dict snapshot() {
     segments.append(seg);
   }
   py::list traces;
-  for (int d = 0; d < neuronrt::device_count(); ++d) {
+  for (const auto& device_trace : device_traces) {
     py::list trace;
-    if (static_cast<size_t>(d) < h.traces.size()) {
-      for (const TraceEntry& e : h.traces[d]) {
-        py::dict entry;
-        entry["action"] = e.action;
-        entry["addr"] = e.address;
-        entry["size"] = e.size;
-        entry["stream"] = 0;
-        entry["time_us"] = e.time_us;
-        entry["frames"] = frames_list(e.frames);
-        trace.append(entry);
-      }
+    for (const TraceEntry& e : device_trace) {
+      py::dict entry;
+      entry["action"] = e.action;
+      entry["addr"] = e.address;
+      entry["size"] = e.size;
+      entry["stream"] = 0;
+      entry["time_us"] = e.time_us;
+      entry["frames"] = frames_list(e.frames);
+      trace.append(entry);
     }
     traces.append(trace);
   }
