@@ -1,6 +1,5 @@
 """The compile levers (torch_neuronx/_compile): listed completely, pulled only
 while torch needs them, and invisible to graphs of other devices."""
-import importlib
 import os
 
 import pytest
@@ -73,34 +72,23 @@ def test_cpu_graph_after_neuron_graph_is_stock():
     assert out["config_changed"] == [], out
 
 
-def _refs(lever):
-    return [ref for ref in (lever.module, lever.probe) if ref]
-
-
-def _resolve(ref):
-    module, _, name = ref.partition(":")
-    if not module.startswith("torch_neuronx"):
-        module = f"torch_neuronx._compile.{module}"
-    return getattr(importlib.import_module(module), name)
-
-
 def test_lever_list_is_complete():
     """Every module of the compile package is named by a lever, and every
     lever names code that exists, why it is pulled and how it retires."""
     package_dir = os.path.dirname(compile_pkg.__file__)
     modules = {f[:-3] for f in os.listdir(package_dir) if f.endswith(".py") and f != "__init__.py"}
-    text = " ".join(f"{lv.module} {lv.probe} {lv.torch_api} {lv.pulled_by}" for lv in compile_pkg.LEVERS)
+    text = " ".join(f"{lv.pull_fn} {lv.probe} {lv.torch_api} {lv.phase}" for lv in compile_pkg.LEVERS)
     unnamed = {m for m in modules if f"{m}:" not in text and f"{m}." not in text and f"{m}.py" not in text}
     assert not unnamed, f"modules of torch_neuronx/_compile no lever names: {unnamed}"
     names = [lv.name for lv in compile_pkg.LEVERS]
     assert len(names) == len(set(names))
     for lever in compile_pkg.LEVERS:
-        assert lever.phase in ("import", "inductor", "per-graph", "elsewhere"), lever
+        # Pulled by install(), or the phase says what pulls it.
+        assert lever.phase in compile_pkg.PHASES or lever.phase.startswith("by "), lever
         assert lever.torch_api and lever.why, lever
         assert lever.probe or lever.retire, f"{lever.name}: no probe and no retirement condition"
-        assert lever.phase in ("import", "inductor") or lever.pulled_by, lever
-        for ref in _refs(lever):
-            assert callable(_resolve(ref)), ref
+        for ref in (lever.pull_fn, lever.probe):
+            assert not ref or callable(compile_pkg.Lever.resolve(ref)), ref
 
 
 def test_install_rejects_an_unknown_phase():

@@ -100,9 +100,9 @@ def _register():
     # "cpu" too: object collectives and barrier() pick the cpu backend of a
     # group, and compiled graphs hand collectives host aliases.
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["neuron", "cpu"])
-    from . import _distributed_compat
+    from . import _compile
 
-    _distributed_compat.install()
+    _compile.install("distributed")
     # Before finalization: completions that finish on transport threads drop
     # tensor references (and take the GIL); see quiesceCompletions.
     atexit.register(_C._distributed._quiesce_completions, timedelta(seconds=30))

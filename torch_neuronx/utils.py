@@ -84,10 +84,7 @@ def flatten_tensors(obj) -> list:
 def get_device_from_tensors(obj):
     """The device of the first neuron tensor in ``obj``, else of its first tensor, else None."""
     tensors = flatten_tensors(obj)
-    for t in tensors:
-        if t.device.type == "neuron":
-            return t.device
-    return tensors[0].device if tensors else None
+    return next((t.device for t in tensors if t.device.type == "neuron"), tensors[0].device if tensors else None)
 
 
 def _move(obj, device):

@@ -63,7 +63,7 @@ def test_launcher_default_device_and_bare_init():
     but gives DDP device_ids=[LOCAL_RANK]); bare init_process_group() works
     and DDP trains on it.
 
-    Bare init_process_group() needs torch_neuronx/_distributed_compat.py on
+    Bare init_process_group() needs torch_neuronx/_compile/bare_init.py on
     torch < 2.14: torch 2.13 binds the backend to "neuron" only and marks
     GLOO (absent from the group) as its default backend, so DDP failed with
     "Could not find backend type 1" and cpu collectives found no backend.
@@ -71,12 +71,12 @@ def test_launcher_default_device_and_bare_init():
     that version."""
     proc, _ = torchrun("""
         import json, os, torch, torch.distributed as dist
-        from torch_neuronx import _distributed_compat
+        from torch_neuronx._compile import bare_init
         local = int(os.environ["LOCAL_RANK"])
         assert torch.neuron.current_device() == local % torch.neuron.device_count()
         assert torch.ones(1, device="neuron").device == torch.device("neuron", local)
         wrapped = getattr(dist.distributed_c10d._new_process_group_helper, "_neuron_bare_init_fix", False)
-        assert wrapped == _distributed_compat.bare_init_needs_fix()
+        assert wrapped == bare_init.bare_init_needs_fix()
         dist.init_process_group()
         pg = dist.group.WORLD
         assert pg._get_backend(torch.device("neuron")).name() == "neuron"

@@ -18,12 +18,14 @@ from __future__ import annotations
 import torch
 from torch._inductor.virtualized import V
 
+from .device import _is_neuron
+
 aten = torch.ops.aten
 
 
 def fused_attention(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                     *, scale=None):
-    if not V.graph.cpp_wrapper or query.get_device() is None or query.get_device().type != "neuron":
+    if not V.graph.cpp_wrapper or not _is_neuron(query.get_device()):
         return None
     from torch._inductor.lowering import empty, fallback_handler
 
@@ -39,7 +41,7 @@ def fused_attention(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=
 
 def fused_attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
                              cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-    if not V.graph.cpp_wrapper or query.get_device() is None or query.get_device().type != "neuron":
+    if not V.graph.cpp_wrapper or not _is_neuron(query.get_device()):
         return None
     from torch._inductor.lowering import fallback_handler
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .device import _is_neuron
+
 aten = torch.ops.aten
 
 
@@ -40,8 +42,7 @@ def cat(inputs, dim=0):
         to_dtype,
     )
 
-    device = inputs[0].get_device() if inputs else None
-    if (device is None or device.type != "neuron" or config.force_pointwise_cat or len(inputs) < 2
+    if (not inputs or not _is_neuron(inputs[0].get_device()) or config.force_pointwise_cat or len(inputs) < 2
             or any(_statically_empty_1d(x) for x in inputs)
             or all(x.get_dtype() in (torch.int8, torch.uint8) for x in inputs)):
         return None

@@ -15,7 +15,7 @@ from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.virtualized import V
 
 from . import fusion
-from .device import _HOST, _call_device, _is_neuron
+from .device import _HOST, _is_neuron, _NeuronKernelCalls
 
 # torch_neuronx/include: AOTInductor's header for the neuron device
 # (torch/csrc/inductor/aoti_include/neuron.h).
@@ -24,16 +24,16 @@ _HEADER = os.path.join("torch", "csrc", "inductor", "aoti_include", "neuron.h")
 AOTI_HEADER = os.path.join(AOTI_INCLUDE, _HEADER)
 
 
-def _compiler_include_dirs() -> list:
-    # The directories the compiler searches (CPLUS_INCLUDE_PATH last).
-    from torch.utils.cpp_extension import include_paths
-
-    return [*include_paths("neuron"), *os.environ.get("CPLUS_INCLUDE_PATH", "").split(os.pathsep)]
+def _cplus_include_path() -> list:
+    return [p for p in os.environ.get("CPLUS_INCLUDE_PATH", "").split(os.pathsep) if p]
 
 
 def aoti_header_missing() -> bool:
-    """Probe: Inductor's compile command cannot find ``aoti_include/neuron.h``."""
-    return not any(d and os.path.isfile(os.path.join(d, _HEADER)) for d in _compiler_include_dirs())
+    """Probe: Inductor's compile command cannot find ``aoti_include/neuron.h``
+    (in torch's include directories or, searched last, CPLUS_INCLUDE_PATH)."""
+    from torch.utils.cpp_extension import include_paths
+
+    return not any(os.path.isfile(os.path.join(d, _HEADER)) for d in [*include_paths("neuron"), *_cplus_include_path()])
 
 
 def add_aoti_include_dir() -> None:
@@ -43,8 +43,7 @@ def add_aoti_include_dir() -> None:
     # more. The compiler's own search path (CPLUS_INCLUDE_PATH, searched after
     # every -I) lets it find ours without shadowing any torch header.
     if aoti_header_missing():
-        paths = [p for p in os.environ.get("CPLUS_INCLUDE_PATH", "").split(os.pathsep) if p]
-        os.environ["CPLUS_INCLUDE_PATH"] = os.pathsep.join([*paths, AOTI_INCLUDE])
+        os.environ["CPLUS_INCLUDE_PATH"] = os.pathsep.join([*_cplus_include_path(), AOTI_INCLUDE])
 
 
 # Helpers of neuron AOTI models: an input's rank check, and a neuron copy of
@@ -79,7 +78,7 @@ _NEURON_AOTI_HELPERS = """
     """
 
 
-class NeuronCppWrapperCodegen(CppWrapperCpu):
+class NeuronCppWrapperCodegen(fusion.NeuronGraphWrapper, _NeuronKernelCalls, CppWrapperCpu):
     """The C++ wrapper of neuron graphs: ``cpp_wrapper=True`` and AOTInductor.
 
     The wrapper runs as one launch on the current neuron stream: under
@@ -126,12 +125,6 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
         if not is_subgraph:
             fusion.enter_neuron_graph()
         return NeuronCppWrapperCodegen()
-
-    def generate(self, is_inference):
-        try:
-            return super().generate(is_inference)
-        finally:
-            fusion.leave_neuron_graph()
 
     @staticmethod
     def get_device_include_path_jit(device: str) -> str:
@@ -220,10 +213,8 @@ class NeuronCppWrapperCodegen(CppWrapperCpu):
     def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
         super().generate_c_shim_extern_kernel_call(kernel, args, "cpu" if device == "neuron" else device, **kwargs)
 
-    def generate_kernel_call(self, kernel_name, call_args, *, device=None, **kwargs):
-        super().generate_kernel_call(kernel_name, call_args, device=_call_device(device), **kwargs)
-
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
+        # Called in the model's code: the kernel runs on the host, inside the wrapper's launch.
         super()._generate_kernel_call_helper(kernel_name, call_args, device=_HOST if _is_neuron(device) else device,
                                              **kwargs)
 

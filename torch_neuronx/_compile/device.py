@@ -113,7 +113,8 @@ def _launch_line(kernel_name: str, call_args) -> str:
 
 class _NeuronKernelCalls:
     """Kernel calls of the wrappers: C++ kernels of neuron buffers launch on
-    the neuron device (the rest is Inductor's)."""
+    the neuron device (the rest is Inductor's); the Python wrapper queues
+    each through its binding (the C++ wrapper calls them in its launch)."""
 
     def generate_kernel_call(self, kernel_name, call_args, *, device=None, **kwargs):
         super().generate_kernel_call(kernel_name, call_args, device=_call_device(device), **kwargs)
@@ -125,19 +126,13 @@ class _NeuronKernelCalls:
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
 
-class NeuronPythonWrapperCodegen(_NeuronKernelCalls, _PythonWrapperCodegen):
+class NeuronPythonWrapperCodegen(fusion.NeuronGraphWrapper, _NeuronKernelCalls, _PythonWrapperCodegen):
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
         if is_subgraph:
             return NeuronSubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
         fusion.enter_neuron_graph()
         return NeuronPythonWrapperCodegen()
-
-    def generate(self, is_inference):
-        try:
-            return super().generate(is_inference)
-        finally:
-            fusion.leave_neuron_graph()
 
     def write_header(self) -> None:
         super().write_header()
@@ -183,21 +178,21 @@ class _CodegenVersion(CustomGraphModulePass):
 
 
 def register_backend() -> None:
-    """Neuron's scheduling and wrapper codegens, and the cache-key pass."""
-    from torch._inductor.codegen.common import get_scheduling_for_device, register_backend_for_device
+    """Neuron as an Inductor device: its Dynamo device interface, wrapper op
+    overrides, scheduling and wrapper codegens, and the cache-key pass."""
+    from torch._inductor.codegen.common import (
+        get_scheduling_for_device, register_backend_for_device, register_device_op_overrides,
+    )
     from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
     from .cpp_wrapper import NeuronCppWrapperCodegen
+    from .dynamo import register_device_interface
 
+    register_device_interface()
+    register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
     if get_scheduling_for_device("neuron") is None:
         register_backend_for_device("neuron", NeuronScheduling, NeuronPythonWrapperCodegen, NeuronCppWrapperCodegen,
                                     WrapperFxCodegen, device_custom_pass=_CodegenVersion())
-
-
-def register_op_overrides() -> None:
-    from torch._inductor.codegen.common import register_device_op_overrides
-
-    register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
 
 
 def aten_device_name_missing() -> bool:

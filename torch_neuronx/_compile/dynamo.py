@@ -18,7 +18,7 @@ from torch._dynamo.device_interface import DeviceInterface, register_interface_f
 # the first call, which would pay the import (0.6 s) inside the first step.
 from torch._inductor.compile_fx import compile_fx
 
-from .. import _env
+from .. import _C, _env
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +29,9 @@ class NeuronInterface(DeviceInterface):
     Stream = torch.neuron.Stream  # type: ignore[assignment]
 
     class Worker:
-        @staticmethod
-        def set_device(device: int) -> None:
-            torch.neuron.set_device(device)
-
-        @staticmethod
-        def current_device() -> int:
-            return torch.neuron.current_device()
-
-        @staticmethod
-        def get_device_properties(device=None):
-            return torch.neuron.get_device_properties(device)
+        set_device = staticmethod(torch.neuron.set_device)
+        current_device = staticmethod(torch.neuron.current_device)
+        get_device_properties = staticmethod(torch.neuron.get_device_properties)
 
     current_device = staticmethod(torch.neuron.current_device)
     set_device = staticmethod(torch.neuron.set_device)
@@ -55,11 +47,9 @@ class NeuronInterface(DeviceInterface):
     def maybe_exchange_device(device: int) -> int:
         if device < 0 or device >= torch.neuron.device_count():
             return torch.neuron.current_device()
-        return torch_neuronx_C()._exchange_device(device)
+        return _C._exchange_device(device)
 
-    @staticmethod
-    def exchange_device(device: int) -> int:
-        return torch_neuronx_C()._exchange_device(device)
+    exchange_device = staticmethod(_C._exchange_device)
 
     @staticmethod
     def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
@@ -71,10 +61,6 @@ class NeuronInterface(DeviceInterface):
         # Host kernels take no stream handle; launches are ordered by the runtime.
         return 0
 
-    @classmethod
-    def get_device_properties(cls, device=None):
-        return torch.neuron.get_device_properties(device)
-
     @staticmethod
     def get_compute_capability(device=None) -> str:
         major, minor = torch.neuron.get_device_capability(device)
@@ -84,19 +70,9 @@ class NeuronInterface(DeviceInterface):
     def is_bf16_supported(including_emulation: bool = False) -> bool:
         return True
 
-    @staticmethod
-    def is_triton_capable(device=None) -> bool:
-        return False
-
     @classmethod
     def raise_if_triton_unavailable(cls, device=None) -> None:
         raise RuntimeError("neuron kernels are generated as C++ host kernels, not Triton")
-
-
-def torch_neuronx_C():
-    from .. import _C
-
-    return _C
 
 
 @functools.cache
@@ -106,7 +82,7 @@ def register_device_interface() -> None:
         register_interface_for_device(f"neuron:{i}", NeuronInterface)
 
 
-# Compile ids ("frame/attempt") of the neuron compilations of this process,
+# (frame, attempt) of the neuron compilations of this process,
 # noted by neuron_backend: torch 2.13 no longer counts recompiles, and counts
 # frames only outside fullgraph=True.
 _compile_ids: list = []
@@ -119,9 +95,11 @@ def _note_compile() -> None:
     global _last_context
     context = CompileContext.try_get()
     # The graphs of one compilation (split by graph breaks) share its context.
-    if context is not None and context is not _last_context and context.compile_id is not None:
+    compile_id = context.compile_id if context is not None and context is not _last_context else None
+    # Compiled-autograd graphs are not frames.
+    if compile_id is not None and compile_id.compiled_autograd_id is None and compile_id.frame_id is not None:
         _last_context = context
-        _compile_ids.append(str(context.compile_id))
+        _compile_ids.append((compile_id.frame_id, compile_id.frame_compile_id))
 
 
 def reset_dynamo_metrics() -> None:
@@ -141,16 +119,12 @@ def get_dynamo_metrics() -> dict:
     compilations (``frames_total``/``frames_ok``; a failed one raises), of which
     ``recompiles`` were later compilations of an already compiled frame; and
     Dynamo's graph breaks and unique graphs."""
-    import re
-
     from torch._dynamo.utils import counters
 
-    attempts = [re.match(r"\[?(\d+)/(\d+)", c) for c in _compile_ids]
-    attempts = [(int(m.group(1)), int(m.group(2))) for m in attempts if m]
     return {
-        "frames_total": len(attempts),
-        "frames_ok": len(attempts),
-        "recompiles": sum(1 for _, a in attempts if a > 0),
+        "frames_total": len(_compile_ids),
+        "frames_ok": len(_compile_ids),
+        "recompiles": sum(1 for _, attempt in _compile_ids if attempt > 0),
         "graph_breaks": sum(counters["graph_break"].values()),
         "unique_graphs": counters["stats"]["unique_graphs"],
     }
@@ -191,11 +165,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     options = dict(options or {})
     fallback_execution = options.pop("fallback_execution", not _env.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"))
     config_patches = {**_MODES[mode], **_env_patches(), **options, "triton.cudagraphs": False}
-    if not fallback_execution:
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
     try:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
-    except Exception as e:  # noqa: BLE001  (any compile failure: the graph runs eagerly, as asked)
+    except Exception as e:  # noqa: BLE001  (any compile failure: the graph runs eagerly, if asked)
+        if not fallback_execution:
+            raise
         log.warning("torch.compile(backend='neuron') failed to compile a graph; running it eagerly "
                     "(fallback_execution): %s: %s", type(e).__name__, e)
         return gm.forward

@@ -31,13 +31,7 @@ from torch._higher_order_ops.flex_attention import sdpa_dense, sdpa_dense_backwa
 from torch._inductor import ir
 from torch._inductor.virtualized import V
 
-
-def _is_neuron_device(device) -> bool:
-    return device is not None and torch.device(device).type == "neuron"
-
-
-def _is_neuron(node) -> bool:
-    return _is_neuron_device(node.get_device())
+from .device import _host_codegen, _is_neuron
 
 
 def _is_traced(value) -> bool:
@@ -46,8 +40,17 @@ def _is_traced(value) -> bool:
     return isinstance(value, ir.IRNode) or (isinstance(value, sympy.Expr) and not value.is_Integer)
 
 
-def _captured(buffers) -> list:
-    return [b if _is_traced(b) else int(b) if isinstance(b, sympy.Expr) else b for b in buffers]
+def _captured(score_buffers, mask_buffers):
+    """The traced values among score_mod's and mask_mod's captured buffers,
+    and a function that rebuilds both buffer tuples from those values."""
+    score, mask = ([b if _is_traced(b) else int(b) if isinstance(b, sympy.Expr) else b for b in buffers]
+                   for buffers in (score_buffers, mask_buffers))
+
+    def rebuild(traced):
+        values = iter(traced)  # in the order of the traced list
+        return tuple(tuple(next(values) if _is_traced(b) else b for b in buffers) for buffers in (score, mask))
+
+    return [b for b in score + mask if _is_traced(b)], rebuild
 
 
 def _inline_math(name: str, impl, inputs: list):
@@ -66,12 +69,6 @@ def _inline_math(name: str, impl, inputs: list):
     result = inline_subgraph_to_ir_nodes(gm, inputs, name)
     validate_ir(result)
     return result
-
-
-def _substitute(values, traced):
-    """``values`` with its traced entries replaced, in order, by ``traced``."""
-    it = iter(traced)
-    return tuple(next(it) if _is_traced(v) else v for v in values)
 
 
 def _batchable(subgraph: ir.Subgraph) -> torch.fx.GraphModule:
@@ -107,14 +104,12 @@ def _templates_render_on_host():
     the host current, as NeuronScheduling does when it generates the kernel.
     Inductor has no hook there: this graph's ``set_current_device`` is
     shadowed for the duration of the one lowering call."""
-    from .device import _host_codegen
-
     graph = V.graph
     set_current_device = graph.set_current_device
     shadowed = "set_current_device" in vars(graph)
 
     def render_device(device):
-        return _host_codegen() if _is_neuron_device(device) else set_current_device(device)
+        return _host_codegen() if _is_neuron(device) else set_current_device(device)
 
     graph.set_current_device = render_device
     try:
@@ -137,7 +132,7 @@ def _uses_cpp_template(query, key, value, kernel_options) -> bool:
 
 def flex_attention(query, key, value, subgraph, block_mask, scale, kernel_options, score_mod_other_buffers,
                    mask_mod_other_buffers):
-    if not _is_neuron(query):
+    if not _is_neuron(query.get_device()):
         return None
     if _uses_cpp_template(query, key, value, kernel_options):
         from torch._inductor.kernel.flex.flex_cpu import lower_cpu
@@ -146,39 +141,31 @@ def flex_attention(query, key, value, subgraph, block_mask, scale, kernel_option
             return lower_cpu(query, key, value, subgraph, block_mask, scale, kernel_options,
                              score_mod_other_buffers, mask_mod_other_buffers)
 
-    score_others, mask_others = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
-    inputs = [query, key, value] + [b for b in score_others + mask_others if _is_traced(b)]
+    traced, buffers = _captured(score_mod_other_buffers, mask_mod_other_buffers)
     score_mod, mask = _batchable(subgraph), _mask_only(block_mask)
-    n_score = sum(_is_traced(b) for b in score_others)
 
-    def math(q, k, v, *buffers):
-        return sdpa_dense(q, k, v, score_mod, mask, scale, kernel_options,
-                          _substitute(score_others, buffers[:n_score]),
-                          _substitute(mask_others, buffers[n_score:]))
+    def math(q, k, v, *rest):
+        return sdpa_dense(q, k, v, score_mod, mask, scale, kernel_options, *buffers(rest))
 
-    return _inline_math("flex_attention_math", math, inputs)
+    return _inline_math("flex_attention_math", math, [query, key, value, *traced])
 
 
 def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
                             block_mask, scale, kernel_options, score_mod_other_buffers, mask_mod_other_buffers):
-    if not _is_neuron(query):
+    if not _is_neuron(query.get_device()):
         return None
-    score_others, mask_others = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
+    traced, buffers = _captured(score_mod_other_buffers, mask_mod_other_buffers)
     optional = [grad_out, grad_logsumexp]
-    inputs = ([query, key, value, out, logsumexp] + [g for g in optional if g is not None]
-              + [b for b in score_others + mask_others if _is_traced(b)])
+    grads = [g for g in optional if g is not None]
     fw, joint, mask = _batchable(fw_graph), _batchable(joint_graph), _mask_only(block_mask)
-    n_optional = sum(g is not None for g in optional)
-    n_score = sum(_is_traced(b) for b in score_others)
 
     def math(q, k, v, o, lse, *rest):
-        grads, buffers = iter(rest[:n_optional]), rest[n_optional:]
-        d_out, d_lse = (next(grads) if g is not None else None for g in optional)
+        given = iter(rest[:len(grads)])
+        d_out, d_lse = (next(given) if g is not None else None for g in optional)
         return sdpa_dense_backward(q, k, v, o, lse, d_out, d_lse, fw, joint, mask, scale, kernel_options,
-                                   _substitute(score_others, buffers[:n_score]),
-                                   _substitute(mask_others, buffers[n_score:]))
+                                   *buffers(rest[len(grads):]))
 
-    return _inline_math("flex_attention_backward_math", math, inputs)
+    return _inline_math("flex_attention_backward_math", math, [query, key, value, out, logsumexp, *grads, *traced])
 
 
 def register() -> None:

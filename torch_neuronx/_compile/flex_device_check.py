@@ -20,13 +20,15 @@ import functools
 import types
 
 
-def _probe(device_type: str):
+def torch_rejects_neuron(validate_device=None) -> bool:
+    """Probe: ``validate_device`` (this process's ``_validate_device`` by
+    default) rejects neuron tensors."""
+    if validate_device is None:
+        import torch.nn.attention.flex_attention as flex
+
+        validate_device = flex._validate_device
     # _validate_device reads only .device.type and .requires_grad.
-    return types.SimpleNamespace(device=types.SimpleNamespace(type=device_type), requires_grad=False)
-
-
-def torch_rejects_neuron(validate_device) -> bool:
-    probe = _probe("neuron")
+    probe = types.SimpleNamespace(device=types.SimpleNamespace(type="neuron"), requires_grad=False)
     try:
         validate_device(probe, probe, probe)
     except ValueError:
@@ -34,21 +36,10 @@ def torch_rejects_neuron(validate_device) -> bool:
     return False
 
 
-def torch_rejects_neuron_now() -> bool:
-    """Probe: this process's flex_attention rejects neuron tensors."""
-    import torch.nn.attention.flex_attention as flex
-
-    return torch_rejects_neuron(flex._validate_device)
-
-
-@functools.cache
-def install() -> bool:
-    """Applies the step if this torch needs it; returns whether it did."""
+def install() -> None:
     import torch.nn.attention.flex_attention as flex
 
     original = flex._validate_device
-    if not torch_rejects_neuron(original):
-        return False
 
     @functools.wraps(original)
     def _validate_device(query, key, value):
@@ -59,4 +50,3 @@ def install() -> bool:
 
     _validate_device._neuron_compat_original = original  # type: ignore[attr-defined]
     flex._validate_device = _validate_device
-    return True

@@ -47,7 +47,14 @@ def enter_neuron_graph() -> None:
         _active.append(patch)
 
 
-def leave_neuron_graph() -> None:
-    if _active:
-        _active.pop().__exit__(None, None, None)
+class NeuronGraphWrapper:
+    """Mixin of the neuron top-level wrapper codegens: their ``create()``
+    calls ``enter_neuron_graph()``; generating their code ends the span."""
+
+    def generate(self, is_inference):
+        try:
+            return super().generate(is_inference)
+        finally:
+            if _active:
+                _active.pop().__exit__(None, None, None)
 

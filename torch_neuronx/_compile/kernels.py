@@ -10,11 +10,10 @@ a closure and queues that on the current stream of the tensors' device
 wrapper runs ahead while the kernels execute, as an eager program does.
 The kernel holds its tensors' storages until it has run.
 
-The wrapper passes the kernel's name as one more argument, for the profiler.
-A kernel without neuron tensors (a host kernel of a mixed graph) runs at once.
-The binding finds the launcher by asking ``torch_neuronx._C`` for its address
-when it loads; Inductor's own tensor-pointer helper comes, as for Inductor's
-bindings, from the variable Inductor sets before loading one.
+The binding is Inductor's, with its own call step and one more optional
+argument, the kernel's name, for the profiler. A kernel without neuron
+tensors (a host kernel of a mixed graph) runs at once. The binding asks
+``torch_neuronx._C`` for the launcher's address on its first call.
 """
 from __future__ import annotations
 
@@ -25,6 +24,12 @@ from torch._inductor.codecache import CppPythonBindingsCodeCache
 from torch._inductor.utils import clear_on_fresh_cache
 from torch.utils._ordered_set import OrderedSet
 
+_ARG_CHECK = "if(PyTuple_GET_SIZE(args) != {arg_len})"
+_ARG_CHECK_WITH_NAME = "if(PyTuple_GET_SIZE(args) != {arg_len} && PyTuple_GET_SIZE(args) != {arg_len} + 1)"
+if _ARG_CHECK not in CppPythonBindingsCodeCache.suffix_template:
+    raise ImportError("torch_neuronx: Inductor's kernel binding has no argument-count check to extend")
+
+
 @clear_on_fresh_cache
 class NeuronKernelBindings(CppPythonBindingsCodeCache):
     cache: dict = {}
@@ -34,120 +39,43 @@ class NeuronKernelBindings(CppPythonBindingsCodeCache):
     def cache_clear() -> None:
         NeuronKernelBindings.cache.clear()
 
-    # `{}` is the parsed arguments, in the kernel's order.
-    call_entry_function = textwrap.dedent("""
-        auto* closure = new auto([a = std::make_tuple({})]() {{ std::apply(kernel, a); }});
-        using Closure = std::remove_pointer_t<decltype(closure)>;
-        if (_neuron_launch(args, name, [](void* c) {{ (*static_cast<Closure*>(c))(); }},
-                           [](void* c) {{ delete static_cast<Closure*>(c); }}, closure) != 0)
-            return nullptr;
-        Py_RETURN_NONE;""")
+    # Inductor's binding, which also takes the kernel's name as a last argument.
+    suffix_template = CppPythonBindingsCodeCache.suffix_template.replace(_ARG_CHECK, _ARG_CHECK_WITH_NAME)
 
-    suffix_template = textwrap.dedent("""
-        // Python binding that queues {entry_func}() on the current neuron stream:
-        #define PY_SSIZE_T_CLEAN
-        #include <Python.h>
-        #include <cerrno>
-        #include <cstdlib>
-        #include <stdexcept>
+    extra_parse_arg = textwrap.dedent("""
         #include <tuple>
         #include <type_traits>
 
-        static void* (*_torchinductor_pyobject_tensor_data_ptr)(PyObject* obj);
-        static int (*_neuron_launch)(PyObject* args, const char* name, void (*run)(void*), void (*drop)(void*),
+        // launch_compiled_kernel (csrc/python/CompiledKernels.cpp), from torch_neuronx._C.
+        using NeuronLaunch = int (*)(PyObject* args, const char* name, void (*run)(void*), void (*drop)(void*),
                                      void* closure);
+        static NeuronLaunch neuron_launcher() {{
+            static const NeuronLaunch launch = [] {{
+                PyObject* module = PyImport_ImportModule("torch_neuronx._C");
+                PyObject* address = module ? PyObject_CallMethod(module, "_compiled_kernel_launcher", nullptr) : nullptr;
+                void* p = address ? PyLong_AsVoidPtr(address) : nullptr;
+                Py_XDECREF(address);
+                Py_XDECREF(module);
+                if (!p || PyErr_Occurred())
+                    throw std::runtime_error("neuron kernel binding: no launcher in torch_neuronx._C");
+                return reinterpret_cast<NeuronLaunch>(p);
+            }}();
+            return launch;
+        }}""")
 
-        template <typename T> static inline T parse_arg(PyObject* args, size_t n) {{
-            static_assert(std::is_pointer_v<T>, "arg type must be pointer or long");
-            return static_cast<T>(_torchinductor_pyobject_tensor_data_ptr(PyTuple_GET_ITEM(args, n)));
-        }}
-        template <> inline int64_t parse_arg<int64_t>(PyObject* args, size_t n) {{
-            auto result = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, n));
-            if (result == -1 && PyErr_Occurred()) [[unlikely]]
-                throw std::runtime_error("expected int arg");
-            return result;
-        }}
-        template <> inline uintptr_t parse_arg<uintptr_t>(PyObject* args, size_t n) {{
-            auto result = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args, n));
-            if (result == reinterpret_cast<void*>(-1) && PyErr_Occurred()) [[unlikely]]
-                throw std::runtime_error("expected int arg");
-            return reinterpret_cast<uintptr_t>(result);
-        }}
-        template <> inline float parse_arg<float>(PyObject* args, size_t n) {{
-            auto result = PyFloat_AsDouble(PyTuple_GET_ITEM(args, n));
-            if (result == -1.0 && PyErr_Occurred()) [[unlikely]]
-                throw std::runtime_error("expected float arg");
-            return static_cast<float>(result);
-        }}
-
-        {extra_parse_arg}
-
-        static PyObject* {entry_func}_py(PyObject* self, PyObject* args) {{
-            try {{
-                if (!PyTuple_CheckExact(args)) [[unlikely]]
-                    throw std::runtime_error("tuple args required");
-                const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-                if (nargs != {arg_len} && nargs != {arg_len} + 1) [[unlikely]]
-                    throw std::runtime_error("requires {arg_len} args and optionally the kernel's name");
-                const char* name = "cpp_kernel";
-                if (nargs > {arg_len}) {{
-                    name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(args, {arg_len}));
-                    if (!name) return nullptr;
-                }}
-                {call_entry_func}
-            }} catch (std::exception const& e) {{
-                PyErr_SetString(PyExc_RuntimeError, e.what());
-                return nullptr;
-            }} catch (...) {{
-                PyErr_SetString(PyExc_RuntimeError, "unhandled error");
-                return nullptr;
-            }}
-        }}
-
-        static PyMethodDef py_methods[] = {{
-            {{"{entry_func}", {entry_func}_py, METH_VARARGS, ""}},
-            {{NULL, NULL, 0, NULL}}}};
-
-        static struct PyModuleDef py_module =
-            {{PyModuleDef_HEAD_INIT, "{entry_func}", NULL, -1, py_methods}};
-
-        static bool _read_address(const char* var, uintptr_t* out) {{
-            const char* s = std::getenv(var);
-            if (!s) return false;
-            char* end = nullptr;
-            errno = 0;
-            *out = std::strtoull(s, &end, 10);
-            return errno == 0 && end != s && *out != 0;
-        }}
-
-        // launch_compiled_kernel's address, from torch_neuronx._C (csrc/python/CompiledKernels.cpp).
-        static bool _launcher_address(uintptr_t* out) {{
-            PyObject* module = PyImport_ImportModule("torch_neuronx._C");
-            if (!module) return false;
-            PyObject* address = PyObject_CallMethod(module, "_compiled_kernel_launcher", nullptr);
-            Py_DECREF(module);
-            if (!address) return false;
-            *out = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(address));
-            Py_DECREF(address);
-            return !PyErr_Occurred() && *out != 0;
-        }}
-
-        PyMODINIT_FUNC PyInit_{entry_func}(void) {{
-            uintptr_t data_ptr = 0, launch = 0;
-            if (!_read_address("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", &data_ptr)) {{
-                PyErr_SetString(PyExc_RuntimeError, "neuron kernel binding: Inductor's tensor-pointer helper is not set");
-                return nullptr;
-            }}
-            if (!_launcher_address(&launch)) {{
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_RuntimeError, "neuron kernel binding: no launcher in torch_neuronx._C");
-                return nullptr;
-            }}
-            _torchinductor_pyobject_tensor_data_ptr = reinterpret_cast<decltype(_torchinductor_pyobject_tensor_data_ptr)>(data_ptr);
-            _neuron_launch = reinterpret_cast<decltype(_neuron_launch)>(launch);
-            return PyModule_Create(&py_module);
-        }}
-        """)
+    # `{}` is the parsed arguments, in the kernel's order; the name follows them.
+    call_entry_function = textwrap.dedent("""
+        auto parsed = std::make_tuple({});
+        constexpr Py_ssize_t n_args = std::tuple_size_v<decltype(parsed)>;
+        const char* name = PyTuple_GET_SIZE(args) > n_args ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(args, n_args))
+                                                           : "cpp_kernel";
+        if (!name) return nullptr;
+        auto* closure = new auto([a = std::move(parsed)]() {{ std::apply(kernel, a); }});
+        using Closure = std::remove_pointer_t<decltype(closure)>;
+        if (neuron_launcher()(args, name, [](void* c) {{ (*static_cast<Closure*>(c))(); }},
+                              [](void* c) {{ delete static_cast<Closure*>(c); }}, closure) != 0)
+            return nullptr;
+        Py_RETURN_NONE;""")
 
 
 class NeuronAsyncCompile(AsyncCompile):

@@ -19,13 +19,8 @@ default_generators: tuple = tuple(_C._default_generator(i) for i in range(_C._de
 _RNG_MODES = ("cpu", "philox")
 
 
-def _generators():
-    return default_generators
-
-
 def _gen(device):
-    gens = _generators()
-    return gens[_get_device_index(device, optional=True)] if not isinstance(device, int) else gens[device]
+    return default_generators[_get_device_index(device, optional=True)]
 
 
 def manual_seed(seed: int) -> None:
@@ -33,7 +28,7 @@ def manual_seed(seed: int) -> None:
 
 
 def manual_seed_all(seed: int) -> None:
-    for g in _generators():
+    for g in default_generators:
         g.manual_seed(int(seed))
 
 
@@ -43,7 +38,7 @@ def seed() -> None:
 
 def seed_all() -> None:
     s = _gen(None).seed()
-    for g in _generators():
+    for g in default_generators:
         g.manual_seed(s)
 
 
@@ -58,16 +53,16 @@ def get_rng_state(device="neuron") -> torch.Tensor:
 
 def set_rng_state(new_state: torch.Tensor, device="neuron") -> None:
     """Restores a state from get_rng_state (16 bytes), or seeds from an 8-byte seed."""
-    _gen(device).set_state(new_state.cpu() if new_state.device.type != "cpu" else new_state)
+    _gen(device).set_state(new_state.cpu())
 
 
 def get_rng_state_all() -> list:
-    return [g.get_state() for g in _generators()]
+    return [g.get_state() for g in default_generators]
 
 
 def set_rng_state_all(new_states) -> None:
-    for g, state in zip(_generators(), new_states):
-        g.set_state(state.cpu() if state.device.type != "cpu" else state)
+    for g, state in zip(default_generators, new_states):
+        g.set_state(state.cpu())
 
 
 def get_rng_mode() -> str:
