@@ -27,6 +27,7 @@ layout it writes is checked against the runtime's at first use."""
 import math
 import os
 import platform
+import re
 import struct
 
 import numpy as np
@@ -42,6 +43,9 @@ VIEW_WORDS = 3 + 2 * MAX_DIMS
 RECORD = HEADER + MAX_VIEWS * VIEW_WORDS
 (OP_FILL, OP_COPY, OP_TT, OP_TS, OP_STT, OP_ACT, OP_TRED, OP_NOP, OP_MM, OP_SEL, OP_IOTA, OP_SCAN,
  OP_REG, OP_VAR, OP_BITS, OP_PRED, OP_TOPK, OP_RAND) = range(18)
+# Control records (Program.h, numbered apart): a device loop's head and back-edge.
+OP_WHILE, OP_END = 64, 65
+_CONTROL = ("while", "end")
 # Bitvector ops of OP_BITS (Program.h BitOp): integer rows computed in int64, as the interpreter does.
 _BIT = {"bitwise_and": 0, "bitwise_or": 1, "bitwise_xor": 2, "left_shift": 3, "right_shift": 4}
 # Buffer element types (csrc/runtime/nki/Program.h DType): rows load as fp32
@@ -65,6 +69,7 @@ EXACT_FN = (set(_FN_NAMES[:11]) | {"identity", "sign", "logical_not"}) - {"sqrt"
 _CMD = {"idle": 0, "reduce": 2, "reset_reduce": 3, "reset": 4}
 _ENGINE = {"vector": 0, "scalar": 1}
 _ALIGN = 64
+_LOOP_CAP = re.compile(r"nki\.language\.while_loop: more than \d+ iterations")
 
 
 class Unsupported(Exception):
@@ -197,6 +202,9 @@ def _lower_matmul(low, a):
         hit = written[_elements(odst)] if written is not None else np.zeros(1, bool)
         if hit.all() != hit.any():
             raise Unsupported("a matmul into a partly written PSUM tile")
+        if low.depth and not hit.any():
+            # (the interpreter overwrites in the first iteration and accumulates in the next)
+            raise Unsupported("a matmul into a fresh PSUM tile inside a device loop")
         add = bool(hit.all())
     low.emit(OP_MM, [dst, st, mv], [0, 0, int(add)])
     return dst, [st, mv]
@@ -534,6 +542,8 @@ def _check_sum(data, m=None):
 
 def _writes(ir):
     kind, a = ir
+    if kind in _CONTROL:
+        return []
     out = [a["dst"]]
     if kind == "activation" and a["reduce_res"] is not None:
         out.append(a["reduce_res"])
@@ -549,7 +559,7 @@ def _whole(v):
     return v.is_contiguous() and v.offset == 0 and v.size == v.storage.numel
 
 
-def _forward(instrs, first, last, bound, dtypes):
+def _forward(instrs, first, last, bound, dtypes, looped=()):
     """DMA elision. A tile loaded whole from another tensor and never written
     again, while that tensor is not written either, reads the tensor in place
     (``subst``: storage -> (storage, offset)); a tile written whole, then
@@ -568,7 +578,7 @@ def _forward(instrs, first, last, bound, dtypes):
             continue
         dst, src = a["dst"], a["src"]
         d, s = dst.storage.id, src.storage.id
-        if d == s or dtypes[d] != dtypes[s] or d in subst or s in subst:
+        if d == s or dtypes[d] != dtypes[s] or d in subst or s in subst or d in looped or s in looped:
             continue
         if d not in bound and first[d] == k and _whole(dst) and not any(
                 touches(j, d, writes_only=True) or touches(j, s, writes_only=True)
@@ -629,14 +639,90 @@ class _Part:
         self.tensors = tuple(_writes(ir)) + tuple(_reads(ir))
 
 
+class _Mark:
+    """A device loop (nl.while_loop with a tile condition) in the expanded
+    instruction list: its head (``while``, the first test) before the body's
+    instructions and its back-edge (``end``, the test re-traced after the
+    body) after them. Each lowers to a control record (OP_WHILE / OP_END)."""
+    __slots__ = ("name", "tensors", "ir", "loc")
+
+    def __init__(self, kind, cond, max_iterations, loc):
+        self.name, self.loc = "nki.language.while_loop", loc
+        self.tensors = (cond,)
+        if type(max_iterations) is not int or abs(max_iterations) >= 1 << 62:
+            raise Unsupported(f"max_iterations={max_iterations!r} (the executor counts in int64)")
+        self.ir = (kind, {"cond": cond, "max": max_iterations})
+
+
+def _loops(instrs, first, last, program):
+    """The device loops' (head, back-edge) positions in ``instrs``. Every
+    storage a loop touches lives from its head to its back-edge at least (a
+    later iteration reads what an earlier one wrote), so the arena, DMA
+    elision and dead stores, which look at first and last uses, see the
+    whole loop."""
+    loops, heads = [], []
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, _Mark):
+            if ins.ir[0] == "while":
+                heads.append(i)
+            else:
+                loops.append((heads.pop(), i))
+    for h, e in loops:
+        for ins in instrs[h:e + 1]:
+            for t in ins.tensors:
+                sid = t.storage.id
+                if program.storages.get(sid) is not None and program.storages[sid].name == "nki.print":
+                    # (the interpreter prints every iteration; the executor's snapshot holds one)
+                    raise Unsupported("nl.device_print inside a device loop")
+                first[sid], last[sid] = min(first[sid], h), max(last[sid], e)
+    return loops
+
+
 def _expand(instrs):
     out = []
     for ins in instrs:
         if ins.ir is not None and ins.ir[0] == "seq":
             out.extend(_Part(ins.name, ir) for ir in ins.ir[1]["parts"])
+        elif ins.ir is not None and ins.ir[0] == "while":
+            a = ins.ir[1]
+            out.append(_Mark("while", a["cond"], a["max"], ins.loc))
+            out.extend(_expand(a["body"]))
+            out.append(_Mark("end", a["again"], a["max"], ins.loc))
         else:
             out.append(ins)
     return out
+
+
+def _lower_mark(low, ins, i, instrs, loops, skip_fill, filled, subst):
+    """A loop's head or back-edge record. At the head, the NaN fill of every
+    fresh buffer the loop touches comes first: a fill inside the body would
+    run again in every iteration (the interpreter fills a buffer once)."""
+    kind, a = _mapped(ins.ir, subst)
+    if kind == "while":
+        e = next(e for h, e in loops if h == i)
+        for body in instrs[i:e + 1]:
+            for t in body.tensors:
+                st = t.storage
+                if st.id in skip_fill or st.id in filled:
+                    continue
+                filled.add(st.id)
+                shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
+                low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
+        low.depth += 1
+    else:
+        low.depth -= 1
+    # w[3], the partner record, is set once the records have their final order (_link_loops).
+    low.emit(OP_WHILE if kind == "while" else OP_END, [a["cond"]], [0, 0, -1, a["max"]], written=0, mixing=True)
+
+
+def _link_loops(words):
+    heads = []
+    for r, w in enumerate(words):
+        if w[0] == OP_WHILE:
+            heads.append(r)
+        elif w[0] == OP_END:
+            h = heads.pop()
+            words[h][3], w[3] = r, h
 
 
 class NativeProgram:
@@ -655,6 +741,8 @@ class NativeProgram:
             for t in ins.tensors:
                 first.setdefault(t.storage.id, i)
                 last[t.storage.id] = i
+        loops = _loops(instrs, first, last, program)
+        looped = {t.storage.id for h, e in loops for ins in instrs[h:e + 1] for t in ins.tensors}
         bound = {st.id for st in program.storages.values() if st.arg is not None}
         bound |= {t.storage.id for t in program.outputs()}
         seed = _philox.seed_storage(program)
@@ -670,7 +758,7 @@ class NativeProgram:
         for sid in first:
             if sid not in bound and sid not in on_chip:
                 last[sid] = end  # private HBM lives for the whole launch
-        subst, skip = _forward(instrs, first, last, bound, low.dtypes)
+        subst, skip = _forward(instrs, first, last, bound, low.dtypes, looped)
         # Arena offsets: reuse a slot once its previous storage is dead.
         # Only a storage of the same layout (partitions x row bytes) reuses a slot:
         # partition p then stays in the same bytes, owned by the same thread.
@@ -693,8 +781,12 @@ class NativeProgram:
             self.offsets[sid] = best[0]
         self.arena_bytes = max(top, _ALIGN)
         filled = set()
+        low.depth = 0  # device loops around the instruction
         for i, ins in enumerate(instrs):
             if i in skip:
+                continue
+            if isinstance(ins, _Mark):
+                _lower_mark(low, ins, i, instrs, loops, bound | set(subst), filled, subst)
                 continue
             # Fresh buffers read before a whole write get the NaN sentinel.
             dst, srcs = _peek(ins)
@@ -720,7 +812,11 @@ class NativeProgram:
                     m[_elements(v)] = True
         # Outputs every element of which the kernel writes need no NaN fill first.
         spans = {}
-        for outs, _ins in low.access:
+        depth = 0
+        for w, (outs, _ins) in zip(low.words, low.access):
+            depth += (w[0] == OP_WHILE) - (w[0] == OP_END)
+            if depth:
+                continue  # (a loop may run zero times)
             for v in outs:
                 if v.storage.id in bound and v.is_contiguous():
                     spans.setdefault(v.storage.id, []).append((v.offset, v.offset + v.size))
@@ -745,6 +841,7 @@ class NativeProgram:
         if fills:
             for lst in (low.words, low.imms, low.access, low.mixing):
                 lst[:] = lst[-fills:] + lst[:-fills]
+        _link_loops(low.words)
         _schedule(low)
         # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a
         # loop's next iteration (a record writing an arena slot that another
@@ -791,7 +888,14 @@ class NativeProgram:
         if self.seed is not None:
             key = torch.tensor(_philox.key_words(bound[_philox.SEED]), dtype=torch.uint32)
             tensors[self.bound.index(self.seed)] = key.to(dev)
-        self.prog.run(tensors, torch.get_num_threads())
+        try:
+            self.prog.run(tensors, torch.get_num_threads())
+        except RuntimeError as e:
+            # The executor's iteration-cap error is the interpreter's NKIError.
+            cap = _LOOP_CAP.search(str(e))
+            if cap is None:
+                raise
+            raise NKIError(cap.group(0)) from None
         for st in self.prints:
             print(st.print_prefix, snaps[st.id].cpu().reshape(st.shape))
 
@@ -822,7 +926,7 @@ def _schedule(low):
     written, read = {}, {}
     for w, (outs, ins), mixing in zip(low.words, low.access, low.mixing):
         views = outs + ins
-        P = outs[0].shape[0] if outs[0].ndim else 1
+        P = outs[0].shape[0] if outs and outs[0].ndim else 1
         rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
         if mixing:
             rowwise = False

@@ -633,7 +633,8 @@ def while_loop(cond_fun, body_fun, init_val, max_iterations=1 << 20, **kw):
             run_subprogram(env, loop)
             flag = again
     touched = [t for ins in loop for t in ins.tensors]
-    _trace.record("nki.language.while_loop", run, c, again, *touched)
+    _trace.record("nki.language.while_loop", run, c, again, *touched,
+                  ir=("while", {"cond": c, "again": again, "body": loop, "max": max_iterations}))
     return body_val
 
 

@@ -226,33 +226,157 @@ def test_native_precise_fp_off(dtype, monkeypatch):
 
 
 @nki.jit
-def _repeat_add(x):
-    # A device loop (tile-valued condition): the one construct the executor does not cover.
+def _repeat_add(x, count):
+    # A device loop (tile-valued condition): acc += a while the counter is positive.
     a = nl.load(x)
-    n = nl.full((1, 1), 3, nl.float32)
+    n = nl.full((1, 1), count, nl.float32)
     acc = nl.copy(a)
+    last = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)  # first written inside the loop
 
     def body(state):
         cnt, t = state
         nisa.tensor_scalar(dst=cnt, data=cnt, op0=nl.subtract, operand0=1.0)
         nisa.tensor_tensor(dst=t, data1=t, data2=a, op=nl.add)
+        nisa.tensor_copy(dst=last, src=t)
         return state
     nl.while_loop(lambda state: nl.greater(state[0], 0.0), body, (n, acc))
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    seen = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     nl.store(out, acc)
+    nl.store(seen, last)
+    return out, seen
+
+
+def _both_pair(kernel, *args, monkeypatch):
+    ref = _run("interpreter", kernel, *args, monkeypatch=monkeypatch)
+    out = _run("native", kernel, *args, monkeypatch=monkeypatch)  # NKI_EXECUTOR=native: no fallback
+    for o, r in zip(out, ref):
+        _identical(o, r)
     return out
 
 
-def test_native_uncovered_kernel(monkeypatch):
-    a = torch.randint(0, 100, (128, 512), dtype=torch.int32).to("neuron")
-    monkeypatch.setenv("NKI_EXECUTOR", "native")
-    with pytest.raises(nki.NKIError, match="native executor does not cover.*while_loop"):
-        _repeat_add(a)
-    ref = _run("interpreter", _repeat_add, a, monkeypatch=monkeypatch)
-    auto = _run("auto", _repeat_add, a, monkeypatch=monkeypatch)  # falls back to the interpreter
-    _identical(auto, ref)
-    assert auto.device.type == "neuron"
-    assert torch.equal(auto.cpu(), a.cpu() * 4)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32])
+def test_native_while_loop_counts(dtype, threads, monkeypatch):
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # a device loop runs on one thread whatever it is offered
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randint(-100, 100, (128, 512)).to(dtype).to("neuron")
+        out, seen = _both_pair(_repeat_add, a, 3, monkeypatch=monkeypatch)
+    finally:
+        torch.set_num_threads(old)
+    assert out.device.type == "neuron"
+    assert torch.equal(out.cpu(), a.cpu() * 4)
+    assert torch.equal(seen.cpu(), a.cpu() * 4)
+
+
+def test_native_while_loop_runs_zero_times(monkeypatch):
+    a = torch.randn(64, 96).to("neuron")
+    out, seen = _both_pair(_repeat_add, a, 0, monkeypatch=monkeypatch)
+    assert torch.equal(out.cpu(), a.cpu())
+    # The tile only the body writes keeps the NaN sentinel of a fresh buffer, on both executors.
+    assert seen.cpu().isnan().all()
+
+
+@nki.jit
+def _halve_until(x, threshold):
+    """A data-dependent loop: halve every element (rounded to x's dtype)
+    until the largest is at most ``threshold``; also counts the steps."""
+    t = nl.load(x)
+    steps = nl.full((1, 1), 0, nl.int32)
+    row = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    top = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+
+    def cond(state):
+        nisa.tensor_reduce(dst=row, op=nl.maximum, data=state[0], axis=1, keepdims=True)
+        nisa.tensor_partition_reduce(dst=top, op=nl.maximum, data=row)
+        return nl.greater(top, threshold)
+
+    def body(state):
+        cur, n = state
+        nisa.tensor_scalar(dst=cur, data=cur, op0=nl.multiply, operand0=0.5)
+        nisa.tensor_scalar(dst=n, data=n, op0=nl.add, operand0=1)
+        return state
+    nl.while_loop(cond, body, (t, steps))
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    count = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    nl.store(count, steps)
+    return out, count
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_native_while_loop_data_dependent(dtype, monkeypatch):
+    x = (torch.rand(128, 200) * 1e6).to(dtype)
+    x[17, 3] = 3e6  # the largest element decides the number of steps
+    threshold = 10.0
+    out, count = _both_pair(_halve_until, x.to("neuron"), threshold, monkeypatch=monkeypatch)
+    ref, steps = x.clone(), 0
+    while ref.float().max() > threshold:
+        ref = (ref * 0.5) if dtype.is_floating_point else torch.round(ref.double() * 0.5).to(dtype)
+        steps += 1
+    assert steps > 10
+    assert torch.equal(out.cpu(), ref)
+    assert count.cpu().item() == steps
+
+
+@nki.jit
+def _nested(x):
+    """Loops inside an affine_range body, nested two deep: each row block
+    adds itself 1 + 3 * 2 times (the inner counter restarts per outer pass)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(x.shape[0] // 32):
+        a = nl.load(x[i * 32:(i + 1) * 32, :])
+        acc = nl.copy(a)
+        outer = nl.full((1, 1), 3, nl.int32)
+        inner = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+
+        def inner_body(cnt):
+            nisa.tensor_scalar(dst=cnt, data=cnt, op0=nl.subtract, operand0=1)
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=a, op=nl.add)
+            return cnt
+
+        def outer_body(cnt):
+            nisa.tensor_scalar(dst=cnt, data=cnt, op0=nl.subtract, operand0=1)
+            nisa.memset(inner, 2)
+            nl.while_loop(lambda c: nl.greater(c, 0), inner_body, inner)
+            return cnt
+        nl.while_loop(lambda c: nl.greater(c, 0), outer_body, outer)
+        nl.store(out[i * 32:(i + 1) * 32, :], acc)
+    return out
+
+
+def test_native_while_loop_nested(monkeypatch):
+    x = torch.randint(-1000, 1000, (96, 40), dtype=torch.int32).to("neuron")
+    out = _both(_nested, x, monkeypatch=monkeypatch)
+    assert torch.equal(out.cpu(), x.cpu() * 7)
+
+
+@nki.jit
+def _capped(x, count, cap):
+    a = nl.load(x)
+    n = nl.full((1, 1), count, nl.float32)
+
+    def body(cnt):
+        nisa.tensor_scalar(dst=cnt, data=cnt, op0=nl.subtract, operand0=1.0)
+        nisa.tensor_tensor(dst=a, data1=a, data2=a, op=nl.add)
+        return cnt
+    nl.while_loop(lambda c: nl.greater(c, 0.0), body, n, max_iterations=cap)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, a)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["interpreter", "native"])
+def test_while_loop_iteration_cap(mode, monkeypatch):
+    x = torch.ones(8, 16).to("neuron")
+    with pytest.raises(nki.NKIError) as err:
+        _run(mode, _capped, x, 10, 3, monkeypatch=monkeypatch)
+    assert str(err.value) == "nki.language.while_loop: more than 3 iterations"
+    # Exactly the cap is allowed; the device still works after the error.
+    out = _run(mode, _capped, x, 3, 3, monkeypatch=monkeypatch)
+    assert torch.equal(out.cpu(), torch.full((8, 16), 8.0))
 
 
 def test_executor_env_checked(monkeypatch):

@@ -543,3 +543,71 @@ TEST(NkiExecutor, Uint32AndBoolStores) {
   EXPECT_EQ(u, (std::vector<uint32_t>{0xFFFFFFFFu, 2, 4, 4000000000u, 0, 0}));
   EXPECT_EQ(b, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
 }
+
+// out = x * (n + 1): out = x, then a device loop adds x while a counter
+// counted down from n is positive. Buffers: 0 x, 1 out (bound), 2 the
+// counter, 3 the condition ([1, 1] fp32 tiles in the arena).
+nk::Program counting_loop(int64_t P, int64_t F, double n, int64_t cap) {
+  const ViewSpec cnt{2, 0, {1, 1}, {1, 1}}, flag{3, 0, {1, 1}, {1, 1}};
+  Table t;
+  t.add({nk::OP_FILL}, {cnt}, n);
+  t.add({nk::OP_COPY}, {rows(1, P, F), rows(0, P, F)});
+  t.add({nk::OP_TS, 0, 0, nk::A_GT, 0, -1, -1, 0, -1}, {flag, cnt}, 0.0);
+  t.add({nk::OP_WHILE, 0, 0, 7, cap}, {flag})[nk::kWholeWord] = 1;
+  t.add({nk::OP_TS, 0, 0, nk::A_SUB, 0, -1, -1, 0, -1}, {cnt, cnt}, 1.0);
+  t.add({nk::OP_TT, 0, 0, nk::A_ADD}, {rows(1, P, F), rows(1, P, F), rows(0, P, F)});
+  t.add({nk::OP_TS, 0, 0, nk::A_GT, 0, -1, -1, 0, -1}, {flag, cnt}, 0.0);
+  t.add({nk::OP_END, 0, 0, 3}, {flag})[nk::kWholeWord] = 1;
+  return nk::Program(t.words, t.imms, {{nk::F32, P * F, -1}, {nk::F32, P * F, -1}, {nk::F32, 1, 0}, {nk::F32, 1, 64}},
+                     128, "loop");
+}
+
+TEST(NkiExecutor, DeviceLoopRecords) {
+  const int64_t P = 128, F = 24;
+  auto x = input(P * F);
+  for (int threads : {1, 2}) {
+    for (int n : {0, 1, 5}) {
+      auto prog = counting_loop(P, F, n, 5);
+      EXPECT_TRUE(prog.has_loops());
+      std::vector<float> out(P * F, -7.0f);
+      nk::execute(prog, {x.data(), out.data()}, threads);
+      for (int64_t i = 0; i < P * F; ++i) {
+        float ref = x[i];
+        for (int k = 0; k < n; ++k) ref += x[i];
+        ASSERT_EQ(out[i], ref) << i << ", n " << n << ", " << threads << " threads";
+      }
+    }
+    // One iteration past the cap is the interpreter's error.
+    auto capped = counting_loop(P, F, 5, 4);
+    std::vector<float> out(P * F);
+    try {
+      nk::execute(capped, {x.data(), out.data()}, threads);
+      ADD_FAILURE() << "no iteration-cap error";
+    } catch (const neuronrt::Error& e) {
+      EXPECT_STREQ(e.what(), "nki.language.while_loop: more than 4 iterations");
+    }
+  }
+}
+
+TEST(NkiExecutor, RejectsMalformedLoops) {
+  const ViewSpec flag{0, 0, {1, 1}, {1, 1}};
+  auto build = [&](std::vector<std::vector<int64_t>> headers, int whole = 1) {
+    Table t;
+    for (auto& h : headers) t.add(h, {flag})[nk::kWholeWord] = nk::is_control(h[0]) ? whole : 0;
+    return nk::Program(t.words, t.imms, {{nk::F32, 1, -1}}, 0, "bad loop");
+  };
+  auto throws = [&](auto make, const char* what) {
+    try {
+      make();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const neuronrt::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  build({{nk::OP_WHILE, 0, 0, 1, 3}, {nk::OP_END, 0, 0, 0}});  // an empty body is fine
+  throws([&] { build({{nk::OP_WHILE, 0, 0, 1, 3}, {nk::OP_END, 0, 0, 0}}, 0); }, "must run whole");
+  throws([&] { build({{nk::OP_WHILE, 0, 0, 1, 3}, {nk::OP_FILL}}); }, "names no matching OP_END");
+  throws([&] { build({{nk::OP_END, 0, 0, 0}}); }, "names no matching OP_WHILE");
+  throws([&] { build({{nk::OP_WHILE, 0, 0, 2, 3}, {nk::OP_WHILE, 0, 0, 3, 3}, {nk::OP_END, 0, 0, 0},
+                      {nk::OP_END, 0, 0, 1}}); }, "loops do not nest");
+}

@@ -7,6 +7,7 @@
 #include <barrier>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -211,6 +212,39 @@ void plan_prefetch(const Ctx& c, int64_t i, int64_t j, int64_t p, int64_t pe, in
   pf.start(p, pe, fetch * std::max<int64_t>(pe - p, 0), streamed);
 }
 
+// Whether the first element of record i's view 0 (a loop condition) is
+// nonzero as fp32, as the interpreter reads it: integers are nonzero as
+// themselves, floats when any bit but the sign is set (NaN included).
+bool condition(const Ctx& c, int64_t i) {
+  const View& v = c.program->view(i, 0);
+  const int64_t dtype = c.dtypes[v.buf];
+  const char* p = c.bufs[v.buf] + v.offset * itemsize(dtype);
+  uint64_t bits = 0, magnitude = ~uint64_t(0);
+  std::memcpy(&bits, p, size_t(itemsize(dtype)));  // little-endian: the element's own bits
+  switch (dtype) {
+    case F32: magnitude = 0x7fffffffu; break;
+    case BF16: case F16: magnitude = 0x7fffu; break;
+    case F8E4M3: case F8E5M2: magnitude = 0x7fu; break;
+    default: break;
+  }
+  return (bits & magnitude) != 0;
+}
+
+// Runs control record i (Program.h OP_WHILE / OP_END) and returns the next
+// record. `iterations[h]`: the iterations of the loop headed at h so far.
+int64_t control(const Ctx& c, int64_t i, std::vector<int64_t>& iterations) {
+  const Program& prog = *c.program;
+  const int64_t* w = prog.record(i);
+  const bool head = w[0] == OP_WHILE;
+  if (!condition(c, i)) return head ? w[3] + 1 : i + 1;
+  const int64_t h = head ? i : w[3];
+  int64_t& n = iterations[h];
+  n = head ? 1 : n + 1;
+  const int64_t cap = prog.record(h)[4];
+  if (n > cap) throw Error("nki.language.while_loop: more than " + std::to_string(cap) + " iterations");
+  return h + 1;
+}
+
 // The records of thread t of nt: each thread owns a fixed range of the 128
 // partitions for every record, so partition-local records need no
 // synchronisation; the lowering marks where a barrier is needed
@@ -241,6 +275,7 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   // rows stay in L2 from one record to the next while DMA-like streams stay long.
   const int64_t block = std::max<int64_t>(1, (int64_t(128) << 10) / (4 * prog.max_free()));
   const int64_t ninstr = prog.size();
+  std::vector<int64_t> iterations(prog.has_loops() ? ninstr : 0);
   // The end of the stretch of partition-local records from i: up to the next
   // whole record, barrier or loop iteration.
   auto stretch_end = [&](int64_t i) {
@@ -252,6 +287,11 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   };
   for (int64_t i = 0; i < ninstr;) {
     const int64_t* w = prog.record(i);
+    if (is_control(w[0])) {  // one thread (execute), so no other thread to agree with
+      sc.prefetch.clear();
+      i = control(c, i, iterations);
+      continue;
+    }
     if (w[kWholeWord] != 0) {
       sc.prefetch.clear();
       if (sync) sync->arrive_and_wait();
@@ -350,6 +390,12 @@ void execute(const Program& program, const std::vector<void*>& bound, int thread
   for (size_t k = 1; k < spans.size(); ++k)
     if (spans[k - 1].second > spans[k].first) nt = 1;  // aliased arguments
   nt = useful_threads(program, spans, nt);
+  // A device loop runs on one thread. Its condition is one element that the
+  // body rewrites, so threads would agree on it only with two barriers per
+  // iteration (read after the writes, rewrite after every read), and the
+  // iteration-cap error would have to stop every worker; loop bodies are
+  // small tiles ([1, 1] state), where a meeting costs more than it saves.
+  if (program.has_loops()) nt = 1;
 
   Ctx c;
   c.program = &program;

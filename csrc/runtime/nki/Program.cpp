@@ -38,7 +38,7 @@ int64_t free_numel(const View& v) {
 // Views each opcode reads or writes unconditionally (slot 0 is dst).
 int fixed_views(int64_t opcode) {
   switch (opcode) {
-    case OP_FILL: case OP_IOTA: return 1;
+    case OP_FILL: case OP_IOTA: case OP_WHILE: case OP_END: return 1;
     case OP_TT: case OP_STT: case OP_MM: case OP_SCAN: return 3;
     case OP_NOP: return 0;
     default: return 2;
@@ -76,12 +76,38 @@ Program::Program(std::vector<int64_t> words, std::vector<double> imms, std::vect
     }
   }
   views_.resize(size_t(ninstr_) * kMaxViews);
+  std::vector<int64_t> open_loops;  // OP_WHILE records whose OP_END is still ahead
   for (int64_t i = 0; i < ninstr_; ++i) {
     for (int k = 0; k < kMaxViews; ++k) views_[i * kMaxViews + k] = parse_view(record(i) + kHeader + k * kViewWords);
     check_record(i);
     for (int k = 0; k < kMaxViews; ++k)
       if (view(i, k).ndim > 0) max_free_ = std::max(max_free_, free_numel(view(i, k)));
+    // Loops nest: an OP_END closes the innermost open loop.
+    if (record(i)[0] == OP_WHILE) open_loops.push_back(i);
+    if (record(i)[0] == OP_END) {
+      if (open_loops.empty() || open_loops.back() != record(i)[3])
+        throw Error("nki program '" + name_ + "': record " + std::to_string(i) + ": loops do not nest");
+      open_loops.pop_back();
+    }
   }
+  for (int64_t i = 0; i < ninstr_ && !has_loops_; ++i) has_loops_ = is_control(record(i)[0]);
+}
+
+void Program::check_control(int64_t i) const {
+  const int64_t* w = record(i);
+  auto fail = [&](const std::string& msg) {
+    throw Error("nki program '" + name_ + "': record " + std::to_string(i) + ": " + msg);
+  };
+  if (w[kWholeWord] != 1) fail("a loop record must run whole");
+  const View& cond = view(i, 0);
+  for (int d = 0; d < cond.ndim; ++d)
+    if (cond.shape[d] == 0) fail("the loop condition is empty");
+  const int64_t partner = w[3];
+  const int64_t want = w[0] == OP_WHILE ? OP_END : OP_WHILE;
+  const bool ahead = w[0] == OP_WHILE;
+  if ((ahead ? partner <= i || partner >= ninstr_ : partner < 0 || partner >= i) || record(partner)[0] != want ||
+      record(partner)[3] != i)
+    fail(std::string(ahead ? "OP_WHILE" : "OP_END") + " names no matching " + (ahead ? "OP_END" : "OP_WHILE"));
 }
 
 void Program::check_record(int64_t i) const {
@@ -89,7 +115,7 @@ void Program::check_record(int64_t i) const {
   const std::string where = "nki program '" + name_ + "': record " + std::to_string(i);
   auto fail = [&](const std::string& msg) { throw Error(where + ": " + msg); };
   const int64_t opcode = w[0];
-  if (opcode < 0 || opcode >= kNumOpcodes) fail("unknown opcode " + std::to_string(opcode));
+  if ((opcode < 0 || opcode >= kNumOpcodes) && !is_control(opcode)) fail("unknown opcode " + std::to_string(opcode));
   for (int k : {kWholeWord, kBarrierWord, kGroupWord})
     if (w[k] != 0 && w[k] != 1) fail("schedule word " + std::to_string(k) + " is not 0 or 1");
   // Every present view lies inside its buffer.
@@ -114,6 +140,7 @@ void Program::check_record(int64_t i) const {
   if (opcode == OP_NOP) return;
   for (int k = 0; k < fixed_views(opcode); ++k)
     if (view(i, k).ndim == 0) fail("view " + std::to_string(k) + " is missing");
+  if (is_control(opcode)) return check_control(i);
   const bool whole = w[kWholeWord] != 0;
   const View& dst = view(i, 0);
   if (opcode == OP_FILL) {

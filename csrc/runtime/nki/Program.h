@@ -64,6 +64,19 @@ enum Opcode : int64_t {
   kNumOpcodes
 };
 
+// Control records, numbered apart from the instruction opcodes (which grow):
+// a device loop (nl.while_loop with a tile condition) is an OP_WHILE record,
+// its body's records, and an OP_END record. Each tests the first element of
+// its view 0 (nonzero, NaN included, continues: the interpreter's `!= 0` on
+// its fp32 value). OP_WHILE (w[3]: its OP_END, w[4]: the iteration cap) tests
+// the first condition: zero skips past its OP_END, else iteration 1 begins.
+// OP_END (w[3]: its OP_WHILE) tests the condition re-traced after the body:
+// nonzero runs the body again. Iteration cap + 1 is an Error with the
+// interpreter's message. Both run whole; loops nest.
+constexpr int64_t OP_WHILE = 64;
+constexpr int64_t OP_END = 65;
+inline bool is_control(int64_t opcode) { return opcode == OP_WHILE || opcode == OP_END; }
+
 enum Alu : int64_t {
   A_ADD = 0, A_SUB, A_MUL, A_DIV, A_MAX, A_MIN,
   A_EQ, A_NE, A_GT, A_GE, A_LT, A_LE,
@@ -130,9 +143,12 @@ class Program {
   int64_t arena_bytes() const { return arena_bytes_; }
   // The widest free size of any operand: the per-thread scratch row.
   int64_t max_free() const { return max_free_; }
+  // Whether the table has device loops (OP_WHILE / OP_END).
+  bool has_loops() const { return has_loops_; }
 
  private:
   void check_record(int64_t i) const;
+  void check_control(int64_t i) const;
 
   std::vector<int64_t> words_;
   std::vector<double> imms_;
@@ -144,6 +160,7 @@ class Program {
   int64_t ninstr_ = 0;
   int64_t arena_bytes_ = 0;
   int64_t max_free_ = 1;
+  bool has_loops_ = false;
   std::string name_;
 };
 
