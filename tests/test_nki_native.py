@@ -642,6 +642,39 @@ def test_native_exp_edges(monkeypatch):
         _close(out[fin], ref[fin], rtol=4e-6, atol=2e-5)
 
 
+def _exp_in_range():
+    """Rows whose exp arguments all lie in [-86, 86] (the executor's short exp form,
+    chunk by chunk), spread over exponents and around exp's 2^n steps, with a
+    576-column row (a 64-element tail chunk)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(16, 576, generator=g) * 172 - 86
+    x[1] = torch.randn(576, generator=g)
+    x[2] = torch.randn(576, generator=g) * 1e-3
+    x[3] = torch.linspace(-86, 86, 576)
+    x[4] = torch.arange(-288, 288) * 0.6931472  # multiples of ln 2: the rounding of n
+    x[5] = torch.arange(-288, 288) * 0.6931472 + 0.3465736
+    return x
+
+
+def test_native_exp_chunk_forms_identical(monkeypatch):
+    # A chunk of in-range arguments takes a shorter exp (no clamps, 2^n in one step)
+    # than a chunk holding one out-of-range value: the same bits either way, and
+    # within the transcendental tolerance of the interpreter.
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    x = _exp_in_range()
+    spoilt = x.clone()
+    spoilt[:, ::256] = float("nan")  # one per 256-element chunk: every chunk the long way
+    keep = ~spoilt.isnan()
+    for fn in ("exp", "sigmoid", "silu"):
+        for scale, bias in ((1.0, 0.0), (0.5, 0.25)):
+            short = _activate(x, fn, scale, bias)[:, :576].cpu()
+            long = _activate(spoilt, fn, scale, bias)[:, :576].cpu()
+            _same_bits(short[keep], long[keep])
+        ref = _run("interpreter", _activate, x, fn, 1.0, 0.0, monkeypatch=monkeypatch)[:, :576].cpu()
+        monkeypatch.setenv("NKI_EXECUTOR", "native")
+        _close(_activate(x, fn, 1.0, 0.0)[:, :576].cpu(), ref, rtol=4e-6, atol=2e-5)
+
+
 def test_native_exp_builds_agree():
     # The vectorised exp gives the same bits in every build (4, 8 or 16 lanes
     # and the scalar tail run the same fp32 steps).
@@ -656,8 +689,9 @@ def test_native_exp_builds_agree():
         assert _C._nki_kernel_isa() == %r
         os.environ["NKI_EXECUTOR"] = "native"
         x = T._exp_edges()
-        print(json.dumps({fn: hashlib.sha256(T._bits(T._activate(x, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
-                          for fn in T._EXP_FNS}))
+        xs = (x, T._exp_in_range())  # the long and the short (in-range) form
+        print(json.dumps({fn: [hashlib.sha256(T._bits(T._activate(v, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
+                               for v in xs] for fn in T._EXP_FNS}))
     """
     got = {isa: run_json(code % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})
            for isa in isas}
