@@ -386,7 +386,18 @@ def _lower_select(low, a, dead):
             imms[i] = _f32(v)
     if not any(_is_tensor(a[k]) for k in ("x", "y")) and not all(
             isinstance(a[k], float) or _f32(a[k]) == a[k] for k in ("x", "y")):
-        raise Unsupported("a select of two integers (int64 on the interpreter) not exact in fp32")
+        # Two integers: the interpreter's int64 result converted by the store.
+        # Into a float tile, that conversion made here (torch's, once) gives an
+        # fp32-exact value; into an integer tile its wrapped value must be.
+        dt = low.dtypes[dst.storage.id]
+        for i, key in enumerate(("x", "y")):
+            if abs(a[key]) >= 2 ** 63:
+                raise Unsupported("a select of an integer past int64")
+            v = torch.tensor(a[key], dtype=torch.int64)
+            imms[i] = float(v.to(dt).float()) if dt.is_floating_point else float(
+                int(v) % 2 ** 32 if dt == torch.uint32 else int(v.to(dt)))
+            if _f32(imms[i]) != imms[i]:
+                raise Unsupported("a select of two integers not exact in fp32 into a narrow integer tile")
     _rowwise_operands(dst, views[1:])
     low.emit(OP_SEL, views, [int(dead), 0] + slots, imms)
     return dst, views[1:]

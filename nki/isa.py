@@ -84,7 +84,26 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None,
         if rmw is not None:
             v = rmw.compute(env.f32(dst), v.to(torch.float32))
         env.write(dst, v)
-    _trace.record(instr, run, dst, src, ir=None if rmw is not None else ("copy", {"dst": dst, "src": src}))
+    _trace.record(instr, run, dst, src, ir=("copy", {"dst": dst, "src": src}) if rmw is None else _rmw_ir(dst, src, rmw))
+
+
+def _rmw_ir(dst, src, rmw):
+    """``dst = rmw(dst, src)`` natively: a tensor_tensor over dst and src seen
+    in dst's shape (the interpreter's fp32 operation on the reshaped source)."""
+    if rmw.kind == "bitvec":
+        return None  # (the interpreter's fp32 bitvector op raises)
+    if tuple(src.shape) != tuple(dst.shape):
+        try:
+            src = NkiTensor(src.storage, *_view_as(src, dst.shape), _check=False)
+        except RuntimeError:
+            return None
+    return ("tensor_tensor", {"dst": dst, "data": dst, "data2": src, "op": rmw})
+
+
+def _view_as(t, shape):
+    """(shape, strides, offset) of ``t`` reshaped to ``shape`` as a view (torch's rule)."""
+    m = torch.empty_strided(t.shape, t.strides, device="meta").view(shape)
+    return tuple(m.shape), tuple(m.stride()), t.offset
 
 
 def _squeeze(shape):

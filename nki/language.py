@@ -505,8 +505,30 @@ def where(condition, x, y, dtype=None, **kw):
         ir = ("select", {"dst": out, "cond": _expanded(condition, shape),
                          "x": _expanded(x, shape) if isinstance(x, NkiTensor) else x,
                          "y": _expanded(y, shape) if isinstance(y, NkiTensor) else y})
+        if _wide_ints(x, y) and out.dtype in (int32, uint32) and out.shape[0] <= 128:
+            ir = _where_ints_ir(out, ir[1]["cond"], x, y)
     _trace.record(instr, run, out, *ts, ir=ir)
     return out
+
+
+def _wide_ints(x, y):
+    """Two integers, one of them past fp32's exact range (the interpreter's
+    torch.where gives an int64 tile)."""
+    return builtins.all(isinstance(v, int) and abs(v) < 2 ** 53 for v in (x, y)) and \
+        not builtins.all(abs(v) <= 2 ** 24 for v in (x, y))
+
+
+def _where_ints_ir(out, cond, x, y):
+    """``cond ? x : y`` of two wide integers into an int32/uint32 tile without
+    fp32: a mask m (-1 or 0, a select of exact values into an int32
+    temporary), then ``(m & (x ^ y)) ^ y`` in int64 (bitvector records),
+    stored with copy_'s wrapping as the interpreter's int64 result is."""
+    m = NkiTensor(_trace.current().new_storage(sbuf, int32, tuple(out.shape), "tmp"), tuple(out.shape),
+                  _check=False)
+    return ("seq", {"parts": [
+        ("select", {"dst": m, "cond": cond, "x": -1, "y": 0}),
+        ("bits", {"dst": out, "data": m, "op0": OPS["bitwise_and"], "operand0": x ^ y, "reverse0": False,
+                  "op1": OPS["bitwise_xor"], "operand1": y, "reverse1": False, "form": 1})]})
 
 
 def broadcast_to(x, shape, **kw):
@@ -514,7 +536,13 @@ def broadcast_to(x, shape, **kw):
     _checks.tile(instr, "x", x)
     shape = tuple(shape)
     out = _result(shape, x.dtype)
-    ir = ("copy", {"dst": out, "src": _expanded(x, shape)}) if x.ndim == len(shape) else None
+    if x.ndim == len(shape):
+        src = _expanded(x, shape)
+    else:  # torch's expand: new leading dims, repeated (stride 0)
+        k = len(shape) - x.ndim
+        src = NkiTensor(x.storage, shape, (0,) * k + tuple(0 if n != s else st for n, s, st in zip(
+            x.shape, shape[k:], x.strides)), x.offset, _check=False)
+    ir = ("copy", {"dst": out, "src": src})
     _trace.record(instr, lambda env: env.write(out, env.view(x).expand(shape)), out, x, ir=ir)
     return out
 

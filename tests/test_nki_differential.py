@@ -76,6 +76,15 @@ def _dma_copy(a):
     return d
 
 
+@unit("nisa.dma_copy[dst_rmw_op]", ALL, nin=2)
+def _dma_copy_rmw(a, b):
+    d = _like(a)
+    nisa.dma_copy(dst=d, src=a)
+    nisa.dma_copy(dst=d, src=b, dst_rmw_op=nl.add)
+    nisa.dma_copy(dst=d[:, 0:1], src=b[:, 1:2] if b.shape[1] > 1 else b, dst_rmw_op=nl.subtract)
+    return d
+
+
 def _copy_to(dtype):
     def body(a):
         d = _like(a, dtype)
@@ -437,9 +446,20 @@ def _nl_where(a, b):
     return nl.where(a, a, b), nl.where(b, 2.0, a)
 
 
+@unit("nl.where[wide ints]", ALL)
+def _nl_where_wide_ints(a):
+    # Integers past fp32's exact range: the interpreter's torch.where is int64.
+    return nl.where(a, 2**31 - 1, -(2**31) + 5), nl.where(a, 3 * 2**30 + 7, 2**25 + 1, dtype=nl.uint32)
+
+
 @unit("nl.broadcast_to", ALL)
 def _nl_broadcast_to(a):
     return nl.broadcast_to(a[:, 0:1], a.shape)
+
+
+@unit("nl.broadcast_to[new dims]", ALL, shapes=[(1, 7), (64, 33)])
+def _nl_broadcast_to_new_dims(a):
+    return nl.broadcast_to(a, (2,) + tuple(a.shape))  # torch's expand: a new leading dim
 
 
 @unit("nl.shared_identity_matrix", [torch.float32, torch.bfloat16], shapes=[(1, 7), (64, 33)])

@@ -1029,3 +1029,49 @@ def test_native_leaves_interpreter_errors_to_the_interpreter(monkeypatch):
     assert (out == 300).all()
     out = _both(_memset_value, torch.zeros(4, 8, dtype=torch.int32), 2**24 + 1, monkeypatch=monkeypatch)
     assert (out == 2**24 + 1).all()  # not through fp32
+
+
+# Forms that used to fall back to the interpreter (issue 23): each runs with
+# NKI_EXECUTOR=native and equals the interpreter bit for bit.
+def _rmw_copy(a, b):
+    d = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=d, src=a)
+    nisa.dma_copy(dst=d, src=b, dst_rmw_op=nl.multiply)
+    return d
+
+
+def _where_wide_ints(a, b):
+    return nl.where(a, 2**31 - 1, -(2**31) + 5)
+
+
+def _where_wide_ints_u32(a, b):
+    return nl.where(b, 3 * 2**30 + 7, 2**25 + 1, dtype=nl.uint32)
+
+
+def _broadcast_new_dims(a, b):
+    return nl.broadcast_to(a[0:3, :], (2, 3, a.shape[1]))
+
+
+FORMER_FALLBACKS = {"dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
+                    "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
+
+
+def _former_fallback_kernel(body):
+    @nki.jit
+    def kernel(a, b):
+        r = body(nl.load(a), nl.load(b))
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+    return kernel
+
+
+@pytest.mark.parametrize("form", sorted(FORMER_FALLBACKS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_native_covers_former_fallbacks(form, dtype, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    a = (torch.randn(96, 40, generator=g) * 3).to(dtype)
+    b = (torch.randn(96, 40, generator=g) * 3).to(dtype)
+    a[0, :4] = 0  # some false conditions
+    kernel = _former_fallback_kernel(FORMER_FALLBACKS[form])
+    _both(kernel, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
