@@ -591,10 +591,13 @@ def _forward(instrs, first, last, bound, dtypes):
                 continue
             # A strided source (a broadcast weight, say): views of the tile
             # that are boxes of it map coordinate by coordinate.
+            # (Not under a row reduction: it needs its row contiguous.)
             box = _contiguous_strides(dst.storage.shape)
             if tuple(src.shape) == tuple(dst.storage.shape) and all(
                     v.strides == box for j in range(k + 1, last[d] + 1) for v in rw[j][0] + rw[j][1]
-                    if v.storage.id == d):
+                    if v.storage.id == d) and not any(
+                    instrs[j].ir[0] in _ROW_REDUCTIONS and any(v.storage.id == d for v in rw[j][1])
+                    for j in range(k + 1, last[d] + 1)):
                 subst[d] = (src.storage, src.offset, (dst.storage.shape, box, src.strides))
                 skip.add(k)
                 last[s] = max(last[s], last[d])
@@ -611,6 +614,9 @@ def _forward(instrs, first, last, bound, dtypes):
                 subst[s] = (dst.storage, dst.offset, None)
                 skip.add(k)
     return subst, skip
+
+
+_ROW_REDUCTIONS = ("tensor_reduce", "variance", "bits", "topk")
 
 
 def _mapped(ir, subst):

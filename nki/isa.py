@@ -12,7 +12,7 @@ import torch
 from . import _checks, _dtypes, _philox, _target, _trace
 from ._errors import fail
 from ._ops import reduce as _reduce_fn
-from ._tensor import NkiTensor, sbuf as _sbuf
+from ._tensor import NkiTensor, _contiguous_strides, sbuf as _sbuf
 
 
 class _Enum:
@@ -726,13 +726,21 @@ def _bn_stats_ir(dst, data):
 
 
 def _bn_aggr_ir(dst, data):
-    # One bn_stats group per partition: the sums over groups are of one
-    # element (torch's order over several strided groups is not reproduced).
+    # k groups per partition, their columns copied into [P, k] temporaries.
+    # The interpreter's count sum reads a strided column: for k < 8 torch sums
+    # strided and contiguous rows with the same scalar loop (row_sum), from 8
+    # on a contiguous row takes its vectorised loop (not reproduced).
     k = math.prod(data.shape[1:]) // _BN_SLOTS
-    if dst.ndim != 2 or data.ndim != 2 or k != 1 or dst.shape[0] > 128:
+    if dst.ndim != 2 or k >= 8 or dst.shape[0] > 128:
         return None
+    if data.ndim != 2:  # free dims in row-major order: one row of 6k values
+        if data.strides[1:] != _contiguous_strides(data.shape[1:]):
+            return None
+        data = NkiTensor(data.storage, (data.shape[0], k * _BN_SLOTS), (data.strides[0], 1), data.offset,
+                         _check=False)
     P = data.shape[0]
-    n, mean, m2, total, nm, s1, mu, dv, e, q, var = (_temp((P, 1)) for _ in range(11))
+    total, s1, mu, q, var = (_temp((P, 1)) for _ in range(5))
+    n, mean, m2, nm, dv, e = (_temp((P, k)) for _ in range(6))
     return ("seq", {"parts": [
         ("copy", {"dst": n, "src": _column(data, 0, k, _BN_SLOTS)}),
         ("copy", {"dst": mean, "src": _column(data, 1, k, _BN_SLOTS)}),

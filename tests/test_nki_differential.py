@@ -293,6 +293,23 @@ def _bn(a):
 UNITS["nisa.bn_aggr"] = UNITS["nisa.bn_stats"]
 
 
+def _bn_groups(k):
+    def body(a):
+        F = a.shape[1]
+        cuts = [F * i // k for i in range(k + 1)]
+        s = _like(a, nl.float32, (a.shape[0], 6 * k))
+        for i in range(k):
+            nisa.bn_stats(dst=s[:, 6 * i:6 * i + 6], data=a[:, cuts[i]:cuts[i + 1]])
+        d = _like(a, nl.float32, (a.shape[0], 2))
+        nisa.bn_aggr(dst=d, data=s)
+        return d
+    return body
+
+
+for _k in (2, 7):  # several bn_stats groups per partition
+    unit(f"nisa.bn_aggr[{_k} groups]", FP + INT)(_bn_groups(_k))
+
+
 @unit("nisa.tensor_partition_reduce", FP + INT)
 def _partition_reduce(a):
     d = _like(a, shape=(1, a.shape[1]))

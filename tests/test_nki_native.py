@@ -1052,7 +1052,16 @@ def _broadcast_new_dims(a, b):
     return nl.broadcast_to(a[0:3, :], (2, 3, a.shape[1]))
 
 
-FORMER_FALLBACKS = {"dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
+def _bn_aggr_groups(a, b):
+    s = nl.ndarray((a.shape[0], 5, 6), dtype=nl.float32, buffer=nl.sbuf)  # 3-D: five groups
+    for i in range(5):
+        nisa.bn_stats(dst=s[:, i, :], data=a[:, 8 * i:8 * i + 8])
+    d = nl.ndarray((a.shape[0], 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.bn_aggr(dst=d, data=s)
+    return d
+
+
+FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
                     "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
 
 
