@@ -453,9 +453,27 @@ def _nl_softmax(a):
     return nl.softmax(a, axis=1)
 
 
+@unit("nl.softmax[axis=0]", ALL, tol=True)
+def _nl_softmax_partitions(a):
+    return nl.softmax(a, axis=0)
+
+
+@unit("nl.softmax[3-D]", ALL, tol=True, shapes=[(1, 8), (64, 34), (128, 130)])
+def _nl_softmax_3d(a):
+    x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+    return nl.softmax(x, axis=1), nl.softmax(x, axis=-1)
+
+
 @unit("nl.rms_norm", ALL, nin=2)
 def _nl_rms_norm(a, b):
     return nl.rms_norm(a, b[0:1, :], axis=1, n=a.shape[1])
+
+
+@unit("nl.rms_norm[3-D]", ALL, nin=2, shapes=[(1, 8), (64, 34), (128, 130)])
+def _nl_rms_norm_3d(a, b):
+    x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+    w = b[0:1, :].reshape((1, 2, a.shape[1] // 2))
+    return nl.rms_norm(x, w, axis=(1, 2), n=a.shape[1]), nl.rms_norm(x, w, axis=2, n=a.shape[1] // 2)
 
 
 @unit("nl.where", ALL, nin=2)
@@ -646,7 +664,7 @@ def test_executors_agree(name, dtype, monkeypatch):
         shape2 = (shape[0], shape[1]) if name not in ("nisa.nc_matmul", "nl.matmul") else (shape[0], 19)
         args = [_values(dtype, shape, u.values, 1 + i)] + ([_values(dtype, shape2, u.values, 100 + i)]
                                                              if u.nin == 2 else [])
-        if name == "nl.rms_norm":
+        if name.startswith("nl.rms_norm"):
             args[1] = args[1].abs() if dtype.is_floating_point else args[1]
         label = f"{name} {dtype} {list(shape)}"
         if _fp8_to_int(name, dtype):

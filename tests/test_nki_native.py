@@ -1061,7 +1061,12 @@ def _bn_aggr_groups(a, b):
     return d
 
 
-FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
+def _rms_norm_3d(a, b):
+    x = a.reshape((a.shape[0], 4, 10))
+    return nl.rms_norm(x, b[0:1, :].reshape((1, 4, 10)), axis=2, n=10)
+
+
+FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "rms_norm[3-D, last axis]": _rms_norm_3d, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
                     "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
 
 
@@ -1084,3 +1089,21 @@ def test_native_covers_former_fallbacks(form, dtype, monkeypatch):
     a[0, :4] = 0  # some false conditions
     kernel = _former_fallback_kernel(FORMER_FALLBACKS[form])
     _both(kernel, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_softmax_other_axes(axis, dtype, monkeypatch):
+    # Within the transcendental tolerance of docs/nki.md (torch's fused kernel has its own exp and order).
+    @nki.jit
+    def kernel(a):
+        r = nl.softmax(nl.load(a).reshape((a.shape[0], 4, 10)), axis=axis)
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+    a = (torch.randn(96, 40, generator=torch.Generator().manual_seed(3)) * 3).to(dtype).to("neuron")
+    ref = _run("interpreter", kernel, a, monkeypatch=monkeypatch).cpu().float()
+    out = _run("native", kernel, a, monkeypatch=monkeypatch).cpu().float()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out, ref, rtol=max(4e-6, 2 * eps), atol=max(2e-5, eps))
+    assert torch.allclose(out.sum(dim=axis), torch.ones(()), atol=1e-2)  # a distribution along the axis
