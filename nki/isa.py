@@ -428,14 +428,16 @@ def _activation_value(env, impl, data, bias, scale):
 
 
 def _activation_ir(dst, impl, data, bias, scale, cmd, rimpl, reduce_res):
-    if cmd == "load_reduce":
-        # The fp32 result in a temporary, stored, summed and folded into the registers.
-        y = _row_temp(data)
+    reducing = cmd in ("reduce", "reset_reduce") or cmd == "idle" and reduce_res is not None
+    y = _row_temp(data) if cmd == "load_reduce" or reducing else None
+    if cmd == "load_reduce" or y is not None and not y.is_contiguous():
+        # The fp32 result in a temporary, stored, summed and folded into the
+        # registers (load_reduce; or a permuted data, summed in its memory order).
         if y is None:
             return None
         return ("seq", {"parts": [_activation_ir(y, impl, data, bias, scale, "idle", None, None),
                                   ("copy", {"dst": dst, "src": y})] +
-                        _register_parts(y, rimpl, reduce_cmd.load_reduce, reduce_res, "scalar")})
+                        _register_parts(y, rimpl, getattr(reduce_cmd, cmd), reduce_res, "scalar")})
     return ("activation", {"dst": dst, "op": impl, "data": data, "bias": bias, "scale": scale, "cmd": cmd,
                            "reduce_op": rimpl, "reduce_res": reduce_res, "engine": "scalar"})
 
@@ -655,14 +657,26 @@ def bn_aggr(dst, data, name=None, **kw):
 
 # -- native lowerings of the composite instructions ------------------------
 def _row_temp(data):
-    """An fp32 [P, F] temporary for ``data``'s fp32 result, when the
-    interpreter's result is laid out row-major (its reductions iterate that)."""
-    free = [(st, n) for st, n in zip(data.strides[1:], data.shape[1:]) if n > 1]
-    if not all(st > 0 for st, _n in free) or not all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:])):
+    """An fp32 temporary for ``data``'s fp32 result: [P, F] memory, seen in
+    ``data``'s shape laid out as the interpreter's result is. torch's
+    elementwise result keeps its input's dim order (dense), and its reductions
+    iterate that memory order; a permuted ``data`` then gets a permuted view,
+    whose rows the reductions read flat (_register_parts)."""
+    free = [(st, n, d) for d, (st, n) in enumerate(zip(data.strides[1:], data.shape[1:]), 1) if n > 1]
+    if not all(st > 0 for st, _n, _d in free) or data.shape[0] > 128 or data.ndim > 8:
         return None
-    if data.shape[0] > 128:
-        return None
-    return _temp((data.shape[0], math.prod(data.shape[1:])))
+    order = sorted(free, key=lambda f: -f[0])  # outermost first
+    if not all(a[0] >= b[0] * b[1] for a, b in zip(order, order[1:])):
+        return None  # overlapping
+    y = _temp((data.shape[0], math.prod(data.shape[1:])))
+    if [f[2] for f in order] == [f[2] for f in free]:
+        return y  # row-major already
+    strides, step = [0] * data.ndim, 1
+    for _st, n, d in reversed(order):
+        strides[d] = step
+        step *= n
+    strides[0] = y.strides[0]
+    return NkiTensor(y.storage, tuple(data.shape), tuple(strides), 0, _check=False)
 
 
 _REG_CMD = {"reduce": 2, "reset_reduce": 3, "reset": 4, "load_reduce": 5}
@@ -676,6 +690,7 @@ def _register_parts(y, rimpl, cmd, reduce_res, engine, init=0.0, negate=False):
         name = "reset_reduce"
     if name == "idle":
         return []
+    y = NkiTensor(y.storage, tuple(y.storage.shape), _check=False)  # the rows in memory order
     r = _temp((y.shape[0], 1))
     parts = []
     if name != "reset":
@@ -876,7 +891,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     y = _row_temp(on_true)
     if y is not None and predicate.shape[0] == on_true.shape[0] == dst.shape[0]:
         other = on_false if not isinstance(on_false, NkiTensor) else NkiTensor(
-            on_false.storage, y.shape, (on_false.strides[0], 0), on_false.offset, _check=False)
+            on_false.storage, y.shape, (on_false.strides[0],) + (0,) * (y.ndim - 1), on_false.offset, _check=False)
         x_, y_ = (other, on_true) if reverse_pred else (on_true, other)
         ir = ("seq", {"parts": [("select", {"dst": y, "cond": predicate, "x": x_, "y": y_}),
                                 ("copy", {"dst": dst, "src": y})] +

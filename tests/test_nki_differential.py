@@ -194,6 +194,27 @@ def _stt_reduce(a, b):
     return d
 
 
+def _permuted(a):
+    """``a`` [P, F] (F even) seen as [P, F/2, 2] with its free dims swapped:
+    a permuted view, which the interpreter's reductions read in memory order."""
+    return a.reshape((a.shape[0], a.shape[1] // 2, 2)).permute(0, 2, 1)
+
+
+EVEN = [(1, 8), (64, 34), (128, 130)]
+
+
+@unit("nisa.register_reductions[permuted]", ALL, nin=2, shapes=EVEN)
+def _permuted_register_reductions(a, b):
+    x, F = _permuted(a), a.shape[1]
+    d = _like(a, nl.float32, (a.shape[0], F + 3))
+    nisa.scalar_tensor_tensor(dst=d[:, :F], data=x, op0=nl.multiply, operand0=b[:, 0:1], op1=nl.add,
+                              operand1=_permuted(b), reduce_op=nl.add, reduce_res=d[:, F:F + 1])
+    nisa.tensor_scalar_reduce(dst=d[:, :F], data=x, op0=nl.add, operand0=0.5, reduce_op=nl.add,
+                              reduce_res=d[:, F + 1:F + 2])
+    nisa.activation(dst=d[:, :F], op=nl.abs, data=x, reduce_op=nl.add, reduce_res=d[:, F + 2:F + 3])
+    return d
+
+
 @unit("nisa.tensor_tensor_scan", ALL, nin=2, values="small")
 def _scan(a, b):
     d = _like(a)

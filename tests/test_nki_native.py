@@ -1066,7 +1066,21 @@ def _rms_norm_3d(a, b):
     return nl.rms_norm(x, b[0:1, :].reshape((1, 4, 10)), axis=2, n=10)
 
 
-FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "rms_norm[3-D, last axis]": _rms_norm_3d, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
+def _permuted_reductions(a, b):
+    x = a.reshape((a.shape[0], 8, 5)).permute(0, 2, 1)  # a permuted view: reduced in memory order
+    d = nl.ndarray((a.shape[0], 43), dtype=nl.float32, buffer=nl.sbuf)
+    pred = nl.ndarray((a.shape[0], 5, 8), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pred, data=b.reshape((a.shape[0], 5, 8)), op0=nl.greater, operand0=0.0)
+    nisa.select_reduce(dst=d[:, :40], predicate=pred, on_true=x, on_false=-1.0, reduce_res=d[:, 40:41],
+                       reduce_op=nl.maximum)
+    nisa.activation_reduce(dst=d[:, :40], op=nl.square, data=x, reduce_op=nl.add, reduce_res=d[:, 41:42])
+    nisa.scalar_tensor_tensor(dst=d[:, :40], data=x, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
+                              operand1=b, reduce_op=nl.add, reduce_res=d[:, 42:43])
+    return d
+
+
+FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "register reductions[permuted]": _permuted_reductions,
+                    "rms_norm[3-D, last axis]": _rms_norm_3d, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
                     "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
 
 
