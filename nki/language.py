@@ -572,6 +572,8 @@ def where(condition, x, y, dtype=None, **kw):
                          "y": _expanded(y, shape) if isinstance(y, NkiTensor) else y})
         if _wide_ints(x, y) and out.dtype in (int32, uint32) and out.shape[0] <= 128:
             ir = _where_ints_ir(out, ir[1]["cond"], x, y)
+    elif isinstance(condition, (int, float)) and builtins.all(isinstance(v, (NkiTensor, int, float)) for v in (x, y)):
+        ir = _where_const_ir(out, x if condition else y, (x, y), shape)
     _trace.record(instr, run, out, *ts, ir=ir)
     return out
 
@@ -594,6 +596,24 @@ def _where_ints_ir(out, cond, x, y):
         ("select", {"dst": m, "cond": cond, "x": -1, "y": 0}),
         ("bits", {"dst": out, "data": m, "op0": OPS["bitwise_and"], "operand0": x ^ y, "reverse0": False,
                   "op1": OPS["bitwise_xor"], "operand1": y, "reverse1": False, "form": 1})]})
+
+
+def _where_const_ir(out, v, both, shape):
+    """``where`` of a number condition: the chosen operand in fp32 (what
+    torch.where gives), stored; a number through an fp32 tile filled with it
+    (an integer only where fp32 holds it: int64 on the interpreter)."""
+    if out.shape[0] > 128:
+        return None
+    act = {"op": OPS["copy"], "bias": None, "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None,
+           "engine": "scalar"}
+    if isinstance(v, NkiTensor):
+        return ("activation", dict(act, dst=out, data=_expanded(v, shape)))
+    ints = not builtins.any(isinstance(o, (float, NkiTensor)) for o in both)
+    if ints and abs(v) > 2 ** 24:
+        return None
+    f = float(torch.tensor(float(v), dtype=float32))
+    t = _temp(tuple(out.shape))
+    return ("seq", {"parts": [("memset", {"dst": t, "value": f}), ("activation", dict(act, dst=out, data=t))]})
 
 
 def broadcast_to(x, shape, **kw):

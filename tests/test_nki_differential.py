@@ -508,6 +508,11 @@ def _nl_where_wide_ints(a):
     return nl.where(a, 2**31 - 1, -(2**31) + 5), nl.where(a, 3 * 2**30 + 7, 2**25 + 1, dtype=nl.uint32)
 
 
+@unit("nl.where[number condition]", ALL, nin=2)
+def _nl_where_number_condition(a, b):
+    return nl.where(1, a, b), nl.where(0, a, 2.5), nl.where(0.0, a, -7), nl.where(True, -0.0, b)
+
+
 @unit("nl.broadcast_to", ALL)
 def _nl_broadcast_to(a):
     return nl.broadcast_to(a[:, 0:1], a.shape)

@@ -1079,7 +1079,12 @@ def _permuted_reductions(a, b):
     return d
 
 
-FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "register reductions[permuted]": _permuted_reductions,
+def _where_number_condition(a, b):
+    return nl.where(0, a, -3)
+
+
+FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "where[number condition]": _where_number_condition,
+                    "register reductions[permuted]": _permuted_reductions,
                     "rms_norm[3-D, last axis]": _rms_norm_3d, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
                     "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
 
