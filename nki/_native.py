@@ -397,7 +397,7 @@ def _lower_select(low, a, dead):
             imms[i] = float(v.to(dt).float()) if dt.is_floating_point else float(
                 int(v) % 2 ** 32 if dt == torch.uint32 else int(v.to(dt)))
             if _f32(imms[i]) != imms[i]:
-                raise Unsupported("a select of two integers not exact in fp32 into a narrow integer tile")
+                raise Unsupported("a select of two integers fp32 cannot hold into a 32-bit integer tile")
     _rowwise_operands(dst, views[1:])
     low.emit(OP_SEL, views, [int(dead), 0] + slots, imms)
     return dst, views[1:]

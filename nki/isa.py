@@ -390,8 +390,30 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         env.write(dst, (-r if negate else r).reshape(dst.shape))
     _trace.record(instr, run, dst, data, ir=("bits", {
         "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
-        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else (
+        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else
+        _permuted_reduce_ir(dst, data, impl, axes, negate) or (
         "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
+
+
+def _permuted_reduce_ir(dst, data, impl, axes, negate):
+    """A sum/max/min over every free dim of a permuted view whose elements
+    are packed (dense): torch reads it in memory order, one flat run, so the
+    records copy it into a temporary in that order and reduce the flat row.
+    (None: the plain record, or its fallback.)"""
+    if len(axes) != data.ndim - 1:
+        return None
+    y = _row_temp(data)
+    if y is None or y.is_contiguous():
+        return None
+    free = sorted((st, n) for st, n in zip(data.strides[1:], data.shape[1:]) if n > 1)
+    step = 1
+    for st, n in free:  # packed: each stride the product of the inner extents
+        if st != step:
+            return None
+        step *= n
+    flat = NkiTensor(y.storage, tuple(y.storage.shape), _check=False)
+    return ("seq", {"parts": [("copy", {"dst": y, "src": data}),
+                              ("tensor_reduce", {"dst": dst, "data": flat, "op": impl, "axes": (1,), "negate": negate})]})
 
 
 def _product_parts(dst, data, axes, negate=False):

@@ -621,13 +621,14 @@ def broadcast_to(x, shape, **kw):
     _checks.tile(instr, "x", x)
     shape = tuple(shape)
     out = _result(shape, x.dtype)
-    if x.ndim == len(shape):
-        src = _expanded(x, shape)
-    else:  # torch's expand: new leading dims, repeated (stride 0)
-        k = len(shape) - x.ndim
-        src = NkiTensor(x.storage, shape, (0,) * k + tuple(0 if n != s else st for n, s, st in zip(
-            x.shape, shape[k:], x.strides)), x.offset, _check=False)
-    ir = ("copy", {"dst": out, "src": src})
+    k = len(shape) - x.ndim
+    if k == 0:
+        ir = ("copy", {"dst": out, "src": _expanded(x, shape)})
+    elif k > 0:  # torch's expand: new leading dims, repeated (stride 0)
+        ir = ("copy", {"dst": out, "src": NkiTensor(x.storage, shape, (0,) * k + tuple(
+            0 if n != s else st for n, s, st in zip(x.shape, shape[k:], x.strides)), x.offset, _check=False)})
+    else:
+        ir = None
     _trace.record(instr, lambda env: env.write(out, env.view(x).expand(shape)), out, x, ir=ir)
     return out
 

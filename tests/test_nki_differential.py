@@ -215,6 +215,15 @@ def _permuted_register_reductions(a, b):
     return d
 
 
+@unit("nisa.tensor_reduce[permuted]", FP + INT + ODD, shapes=EVEN)
+def _permuted_tensor_reduce(a):
+    x = _permuted(a)
+    d = _like(a, nl.float32, (a.shape[0], 3))
+    for i, op in enumerate((nl.add, nl.maximum, nl.minimum)):
+        nisa.tensor_reduce(dst=d[:, i:i + 1], op=op, data=x, axis=(1, 2), keepdims=True)
+    return d
+
+
 @unit("nisa.tensor_tensor_scan", ALL, nin=2, values="small")
 def _scan(a, b):
     d = _like(a)
@@ -590,7 +599,7 @@ def _native_expected(name, dtype):
 # torch.topk orders equal values either way.)
 SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")} | {
     "nisa.tensor_scalar_reduce", "nisa.scalar_tensor_tensor+reduce", "nisa.select_reduce", "nisa.max8",
-    "nisa.nc_find_index8"}
+    "nisa.nc_find_index8", "nisa.tensor_reduce[permuted]"}
 
 
 def _fp8_to_int(name, dtype):

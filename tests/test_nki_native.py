@@ -1079,11 +1079,18 @@ def _permuted_reductions(a, b):
     return d
 
 
+def _permuted_sum(a, b):
+    d = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=d, op=nl.add, data=a.reshape((a.shape[0], 8, 5)).permute(0, 2, 1), axis=(1, 2),
+                       keepdims=True)
+    return d
+
+
 def _where_number_condition(a, b):
     return nl.where(0, a, -3)
 
 
-FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "where[number condition]": _where_number_condition,
+FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "tensor_reduce[permuted]": _permuted_sum, "where[number condition]": _where_number_condition,
                     "register reductions[permuted]": _permuted_reductions,
                     "rms_norm[3-D, last axis]": _rms_norm_3d, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
                     "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
