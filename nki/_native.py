@@ -394,7 +394,18 @@ def _lower_select(low, a, dead):
             imms[i] = _f32(v)
     if not any(_is_tensor(a[k]) for k in ("x", "y")) and not all(
             isinstance(a[k], float) or _f32(a[k]) == a[k] for k in ("x", "y")):
-        raise Unsupported("a select of two integers (int64 on the interpreter) not exact in fp32")
+        # Two integers: the interpreter's int64 result converted by the store.
+        # Into a float tile, that conversion made here (torch's, once) gives an
+        # fp32-exact value; into an integer tile its wrapped value must be.
+        dt = low.dtypes[dst.storage.id]
+        for i, key in enumerate(("x", "y")):
+            if abs(a[key]) >= 2 ** 63:
+                raise Unsupported("a select of an integer past int64")
+            v = torch.tensor(a[key], dtype=torch.int64)
+            imms[i] = float(v.to(dt).float()) if dt.is_floating_point else float(
+                int(v) % 2 ** 32 if dt == torch.uint32 else int(v.to(dt)))
+            if _f32(imms[i]) != imms[i]:
+                raise Unsupported("a select of two integers fp32 cannot hold into a 32-bit integer tile")
     _rowwise_operands(dst, views[1:])
     low.emit(OP_SEL, views, [int(dead), 0] + slots, imms)
     return dst, views[1:]
@@ -590,10 +601,13 @@ def _forward(instrs, first, last, bound, dtypes, looped=()):
                 continue
             # A strided source (a broadcast weight, say): views of the tile
             # that are boxes of it map coordinate by coordinate.
+            # (Not under a row reduction: it needs its row contiguous.)
             box = _contiguous_strides(dst.storage.shape)
             if tuple(src.shape) == tuple(dst.storage.shape) and all(
                     v.strides == box for j in range(k + 1, last[d] + 1) for v in rw[j][0] + rw[j][1]
-                    if v.storage.id == d):
+                    if v.storage.id == d) and not any(
+                    instrs[j].ir[0] in _ROW_REDUCTIONS and any(v.storage.id == d for v in rw[j][1])
+                    for j in range(k + 1, last[d] + 1)):
                 subst[d] = (src.storage, src.offset, (dst.storage.shape, box, src.strides))
                 skip.add(k)
                 last[s] = max(last[s], last[d])
@@ -610,6 +624,9 @@ def _forward(instrs, first, last, bound, dtypes, looped=()):
                 subst[s] = (dst.storage, dst.offset, None)
                 skip.add(k)
     return subst, skip
+
+
+_ROW_REDUCTIONS = ("tensor_reduce", "variance", "bits", "topk")
 
 
 def _mapped(ir, subst):

@@ -12,7 +12,7 @@ import torch
 from . import _checks, _dtypes, _philox, _target, _trace
 from ._errors import fail
 from ._ops import reduce as _reduce_fn
-from ._tensor import NkiTensor, sbuf as _sbuf
+from ._tensor import NkiTensor, _contiguous_strides, sbuf as _sbuf
 
 
 class _Enum:
@@ -84,7 +84,26 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None,
         if rmw is not None:
             v = rmw.compute(env.f32(dst), v.to(torch.float32))
         env.write(dst, v)
-    _trace.record(instr, run, dst, src, ir=None if rmw is not None else ("copy", {"dst": dst, "src": src}))
+    _trace.record(instr, run, dst, src, ir=("copy", {"dst": dst, "src": src}) if rmw is None else _rmw_ir(dst, src, rmw))
+
+
+def _rmw_ir(dst, src, rmw):
+    """``dst = rmw(dst, src)`` natively: a tensor_tensor over dst and src seen
+    in dst's shape (the interpreter's fp32 operation on the reshaped source)."""
+    if rmw.kind == "bitvec":
+        return None  # (the interpreter's fp32 bitvector op raises)
+    if tuple(src.shape) != tuple(dst.shape):
+        try:
+            src = NkiTensor(src.storage, *_view_as(src, dst.shape), _check=False)
+        except RuntimeError:
+            return None
+    return ("tensor_tensor", {"dst": dst, "data": dst, "data2": src, "op": rmw})
+
+
+def _view_as(t, shape):
+    """(shape, strides, offset) of ``t`` reshaped to ``shape`` as a view (torch's rule)."""
+    m = torch.empty_strided(t.shape, t.strides, device="meta").view(shape)
+    return tuple(m.shape), tuple(m.stride()), t.offset
 
 
 def _squeeze(shape):
@@ -371,8 +390,30 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
         env.write(dst, (-r if negate else r).reshape(dst.shape))
     _trace.record(instr, run, dst, data, ir=("bits", {
         "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
-        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else (
+        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else
+        _permuted_reduce_ir(dst, data, impl, axes, negate) or (
         "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
+
+
+def _permuted_reduce_ir(dst, data, impl, axes, negate):
+    """A sum/max/min over every free dim of a permuted view whose elements
+    are packed (dense): torch reads it in memory order, one flat run, so the
+    records copy it into a temporary in that order and reduce the flat row.
+    (None: the plain record, or its fallback.)"""
+    if len(axes) != data.ndim - 1:
+        return None
+    y = _row_temp(data)
+    if y is None or y.is_contiguous():
+        return None
+    free = sorted((st, n) for st, n in zip(data.strides[1:], data.shape[1:]) if n > 1)
+    step = 1
+    for st, n in free:  # packed: each stride the product of the inner extents
+        if st != step:
+            return None
+        step *= n
+    flat = NkiTensor(y.storage, tuple(y.storage.shape), _check=False)
+    return ("seq", {"parts": [("copy", {"dst": y, "src": data}),
+                              ("tensor_reduce", {"dst": dst, "data": flat, "op": impl, "axes": (1,), "negate": negate})]})
 
 
 def _product_parts(dst, data, axes, negate=False):
@@ -409,14 +450,16 @@ def _activation_value(env, impl, data, bias, scale):
 
 
 def _activation_ir(dst, impl, data, bias, scale, cmd, rimpl, reduce_res):
-    if cmd == "load_reduce":
-        # The fp32 result in a temporary, stored, summed and folded into the registers.
-        y = _row_temp(data)
+    reducing = cmd in ("reduce", "reset_reduce") or cmd == "idle" and reduce_res is not None
+    y = _row_temp(data) if cmd == "load_reduce" or reducing else None
+    if cmd == "load_reduce" or y is not None and not y.is_contiguous():
+        # The fp32 result in a temporary, stored, summed and folded into the
+        # registers (load_reduce; or a permuted data, summed in its memory order).
         if y is None:
             return None
         return ("seq", {"parts": [_activation_ir(y, impl, data, bias, scale, "idle", None, None),
                                   ("copy", {"dst": dst, "src": y})] +
-                        _register_parts(y, rimpl, reduce_cmd.load_reduce, reduce_res, "scalar")})
+                        _register_parts(y, rimpl, getattr(reduce_cmd, cmd), reduce_res, "scalar")})
     return ("activation", {"dst": dst, "op": impl, "data": data, "bias": bias, "scale": scale, "cmd": cmd,
                            "reduce_op": rimpl, "reduce_res": reduce_res, "engine": "scalar"})
 
@@ -636,14 +679,26 @@ def bn_aggr(dst, data, name=None, **kw):
 
 # -- native lowerings of the composite instructions ------------------------
 def _row_temp(data):
-    """An fp32 [P, F] temporary for ``data``'s fp32 result, when the
-    interpreter's result is laid out row-major (its reductions iterate that)."""
-    free = [(st, n) for st, n in zip(data.strides[1:], data.shape[1:]) if n > 1]
-    if not all(st > 0 for st, _n in free) or not all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:])):
+    """An fp32 temporary for ``data``'s fp32 result: [P, F] memory, seen in
+    ``data``'s shape laid out as the interpreter's result is. torch's
+    elementwise result keeps its input's dim order (dense), and its reductions
+    iterate that memory order; a permuted ``data`` then gets a permuted view,
+    whose rows the reductions read flat (_register_parts)."""
+    free = [(st, n, d) for d, (st, n) in enumerate(zip(data.strides[1:], data.shape[1:]), 1) if n > 1]
+    if not all(st > 0 for st, _n, _d in free) or data.shape[0] > 128 or data.ndim > 8:
         return None
-    if data.shape[0] > 128:
-        return None
-    return _temp((data.shape[0], math.prod(data.shape[1:])))
+    order = sorted(free, key=lambda f: -f[0])  # outermost first
+    if not all(a[0] >= b[0] * b[1] for a, b in zip(order, order[1:])):
+        return None  # overlapping
+    y = _temp((data.shape[0], math.prod(data.shape[1:])))
+    if [f[2] for f in order] == [f[2] for f in free]:
+        return y  # row-major already
+    strides, step = [0] * data.ndim, 1
+    for _st, n, d in reversed(order):
+        strides[d] = step
+        step *= n
+    strides[0] = y.strides[0]
+    return NkiTensor(y.storage, tuple(data.shape), tuple(strides), 0, _check=False)
 
 
 _REG_CMD = {"reduce": 2, "reset_reduce": 3, "reset": 4, "load_reduce": 5}
@@ -657,6 +712,7 @@ def _register_parts(y, rimpl, cmd, reduce_res, engine, init=0.0, negate=False):
         name = "reset_reduce"
     if name == "idle":
         return []
+    y = NkiTensor(y.storage, tuple(y.storage.shape), _check=False)  # the rows in memory order
     r = _temp((y.shape[0], 1))
     parts = []
     if name != "reset":
@@ -707,13 +763,21 @@ def _bn_stats_ir(dst, data):
 
 
 def _bn_aggr_ir(dst, data):
-    # One bn_stats group per partition: the sums over groups are of one
-    # element (torch's order over several strided groups is not reproduced).
+    # k groups per partition, their columns copied into [P, k] temporaries.
+    # The interpreter's count sum reads a strided column: for k < 8 torch sums
+    # strided and contiguous rows with the same scalar loop (row_sum), from 8
+    # on a contiguous row takes its vectorised loop (not reproduced).
     k = math.prod(data.shape[1:]) // _BN_SLOTS
-    if dst.ndim != 2 or data.ndim != 2 or k != 1 or dst.shape[0] > 128:
+    if dst.ndim != 2 or k >= 8 or dst.shape[0] > 128:
         return None
+    if data.ndim != 2:  # free dims in row-major order: one row of 6k values
+        if data.strides[1:] != _contiguous_strides(data.shape[1:]):
+            return None
+        data = NkiTensor(data.storage, (data.shape[0], k * _BN_SLOTS), (data.strides[0], 1), data.offset,
+                         _check=False)
     P = data.shape[0]
-    n, mean, m2, total, nm, s1, mu, dv, e, q, var = (_temp((P, 1)) for _ in range(11))
+    total, s1, mu, q, var = (_temp((P, 1)) for _ in range(5))
+    n, mean, m2, nm, dv, e = (_temp((P, k)) for _ in range(6))
     return ("seq", {"parts": [
         ("copy", {"dst": n, "src": _column(data, 0, k, _BN_SLOTS)}),
         ("copy", {"dst": mean, "src": _column(data, 1, k, _BN_SLOTS)}),
@@ -849,7 +913,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     y = _row_temp(on_true)
     if y is not None and predicate.shape[0] == on_true.shape[0] == dst.shape[0]:
         other = on_false if not isinstance(on_false, NkiTensor) else NkiTensor(
-            on_false.storage, y.shape, (on_false.strides[0], 0), on_false.offset, _check=False)
+            on_false.storage, y.shape, (on_false.strides[0],) + (0,) * (y.ndim - 1), on_false.offset, _check=False)
         x_, y_ = (other, on_true) if reverse_pred else (on_true, other)
         ir = ("seq", {"parts": [("select", {"dst": y, "cond": predicate, "x": x_, "y": y_}),
                                 ("copy", {"dst": dst, "src": y})] +

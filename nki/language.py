@@ -410,8 +410,11 @@ def _softmax_ir(out, x, axis):
     """Natively (a 2-D tile along its free axis): -max (tensor_reduce with
     negate), exp(x + -max), its sum, a division. torch's fused kernel has its
     own exp and order: within the transcendental tolerance (docs/nki.md)."""
-    if x.ndim != 2 or axis not in (1, -1):
+    if not isinstance(axis, int) or not -x.ndim <= axis < x.ndim or x.shape[0] > 128 or x.ndim > 7:
         return None
+    axis %= x.ndim
+    if x.ndim != 2 or axis != 1:
+        return _softmax_other_axis_ir(out, x, axis)
     P, F = x.shape
     m, e, s = _temp((P, 1)), _temp((P, F)), _temp((P, 1))
     return ("seq", {"parts": [
@@ -420,6 +423,51 @@ def _softmax_ir(out, x, axis):
                         "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
         _reduce_part(s, e, "add", (1,)),
         _scalar_part(out, e, "divide", s)]})
+
+
+def _softmax_other_axis_ir(out, x, axis):
+    """Softmax along the partition axis (partition reductions, broadcast back
+    with zero partition strides) or along any free axis of an N-D tile
+    (that axis moved last in an fp32 temporary, row reductions over it, the
+    result copied back through the inverse permutation). The same
+    max / exp / sum / divide steps, within the same tolerance."""
+    def bcast(t, shape):  # t's size-1 dims repeated to shape
+        return NkiTensor(t.storage, tuple(shape), tuple(0 if n == 1 else st for n, st in zip(t.shape, t.strides)),
+                         t.offset, _check=False)
+    if axis == 0:
+        shape = tuple(x.shape)
+        red = (1,) + shape[1:]
+        m, s, e = _temp(red), _temp(red), _temp(shape)
+        return ("seq", {"parts": [
+            ("partition_reduce", {"dst": m, "data": x, "op": OPS["maximum"]}),
+            ("tensor_tensor", {"dst": e, "data": x, "data2": bcast(m, shape), "op": OPS["subtract"]}),
+            ("activation", {"dst": e, "op": OPS["exp"], "data": e, "bias": None, "scale": 1.0, "cmd": "idle",
+                            "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
+            ("partition_reduce", {"dst": s, "data": e, "op": OPS["add"]}),
+            ("tensor_tensor", {"dst": out, "data": e, "data2": bcast(s, shape), "op": OPS["divide"]})]})
+    perm = [d for d in builtins.range(x.ndim) if d != axis] + [axis]
+    shape = tuple(x.shape[d] for d in perm)
+    red = shape[:-1] + (1,)
+    t, m, s = _temp(shape), _temp(red), _temp(red)
+    last = (len(shape) - 1,)
+    parts = []
+    if axis != x.ndim - 1:
+        parts.append(("copy", {"dst": t, "src": NkiTensor(x.storage, shape, tuple(x.strides[d] for d in perm),
+                                                          x.offset, _check=False)}))
+        src = t
+    else:
+        src = x
+    parts += [
+        ("tensor_reduce", {"dst": m, "data": src, "op": OPS["maximum"], "axes": last, "negate": False}),
+        ("tensor_tensor", {"dst": t, "data": src, "data2": bcast(m, shape), "op": OPS["subtract"]}),
+        ("activation", {"dst": t, "op": OPS["exp"], "data": t, "bias": None, "scale": 1.0, "cmd": "idle",
+                        "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
+        _reduce_part(s, t, "add", last),
+        ("tensor_tensor", {"dst": t, "data": t, "data2": bcast(s, shape), "op": OPS["divide"]})]
+    inv = [perm.index(d) for d in builtins.range(x.ndim)]
+    parts.append(("copy", {"dst": out, "src": NkiTensor(t.storage, tuple(x.shape), tuple(t.strides[i] for i in inv),
+                                                        0, _check=False)}))
+    return ("seq", {"parts": parts})
 
 
 def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):
@@ -442,23 +490,40 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):
 
 
 def _rms_norm_ir(out, x, w, axis, n, epsilon):
-    """Natively (a 2-D tile normalised along its free axis): x * x, its sum,
-    / n + epsilon, rsqrt, then (x * r) * w in one scalar_tensor_tensor: the
-    interpreter's fp32 operations in its order."""
-    if x.ndim != 2 or w.ndim != 2 or axis not in (1, -1) or not isinstance(n, (int, float)) or \
-            not isinstance(epsilon, (int, float)):
+    """Natively (normalised over trailing free axes): x * x, its sum, / n +
+    epsilon, rsqrt, then (x * r) * w (one scalar_tensor_tensor when r is one
+    value per partition): the interpreter's fp32 operations in its order.
+    Other axes: torch's sum over them has an order the executor does not
+    reproduce."""
+    if not isinstance(n, (int, float)) or not isinstance(epsilon, (int, float)) or w.ndim != x.ndim or \
+            x.shape[0] > 128:
         return None
-    P, F = x.shape
-    sq, s, r = _temp((P, F)), _temp((P, 1)), _temp((P, 1))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if not builtins.all(isinstance(a, int) and -x.ndim <= a < x.ndim for a in axes):
+        return None
+    axes = tuple(sorted(a % x.ndim for a in axes))
+    if 0 in axes or list(axes) != list(builtins.range(x.ndim - len(axes), x.ndim)):
+        return None
+    P = x.shape[0]
+    whole = len(axes) == x.ndim - 1  # one r per partition
+    red = (P, 1) if whole else tuple(1 if d in axes else n_ for d, n_ in enumerate(x.shape))
+    sq, s, r = _temp(x.shape), _temp(red), _temp(red)
     act = {"bias": None, "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None, "engine": "scalar"}
-    return ("seq", {"parts": [
+    parts = [
         ("activation", dict(act, dst=sq, op=OPS["square"], data=x)),
-        _reduce_part(s, sq, "add", (1,)),
+        _reduce_part(s, sq, "add", axes),
         _scalar_part(s, s, "divide", n, "add", epsilon),
-        ("activation", dict(act, dst=r, op=OPS["rsqrt"], data=s)),
-        ("scalar_tensor_tensor", {"dst": out, "data": x, "op0": OPS["multiply"], "operand0": r, "reverse0": False,
-                                  "op1": OPS["multiply"], "operand1": _expanded(w, x.shape), "reverse1": False,
-                                  "reduce": False})]})
+        ("activation", dict(act, dst=r, op=OPS["rsqrt"], data=s))]
+    if whole:
+        parts.append(("scalar_tensor_tensor", {
+            "dst": out, "data": x, "op0": OPS["multiply"], "operand0": r, "reverse0": False,
+            "op1": OPS["multiply"], "operand1": _expanded(w, x.shape), "reverse1": False, "reduce": False}))
+    else:
+        rb = NkiTensor(r.storage, tuple(x.shape), tuple(0 if d in axes else st for d, st in enumerate(r.strides)),
+                       0, _check=False)
+        parts += [("tensor_tensor", {"dst": sq, "data": x, "data2": rb, "op": OPS["multiply"]}),
+                  ("tensor_tensor", {"dst": out, "data": sq, "data2": _expanded(w, x.shape), "op": OPS["multiply"]})]
+    return ("seq", {"parts": parts})
 
 
 def matmul(x, y, transpose_x=False, **kw):
@@ -505,8 +570,50 @@ def where(condition, x, y, dtype=None, **kw):
         ir = ("select", {"dst": out, "cond": _expanded(condition, shape),
                          "x": _expanded(x, shape) if isinstance(x, NkiTensor) else x,
                          "y": _expanded(y, shape) if isinstance(y, NkiTensor) else y})
+        if _wide_ints(x, y) and out.dtype in (int32, uint32) and out.shape[0] <= 128:
+            ir = _where_ints_ir(out, ir[1]["cond"], x, y)
+    elif isinstance(condition, (int, float)) and builtins.all(isinstance(v, (NkiTensor, int, float)) for v in (x, y)):
+        ir = _where_const_ir(out, x if condition else y, (x, y), shape)
     _trace.record(instr, run, out, *ts, ir=ir)
     return out
+
+
+def _wide_ints(x, y):
+    """Two integers, one of them past fp32's exact range (the interpreter's
+    torch.where gives an int64 tile)."""
+    return builtins.all(isinstance(v, int) and abs(v) < 2 ** 53 for v in (x, y)) and \
+        not builtins.all(abs(v) <= 2 ** 24 for v in (x, y))
+
+
+def _where_ints_ir(out, cond, x, y):
+    """``cond ? x : y`` of two wide integers into an int32/uint32 tile without
+    fp32: a mask m (-1 or 0, a select of exact values into an int32
+    temporary), then ``(m & (x ^ y)) ^ y`` in int64 (bitvector records),
+    stored with copy_'s wrapping as the interpreter's int64 result is."""
+    m = NkiTensor(_trace.current().new_storage(sbuf, int32, tuple(out.shape), "tmp"), tuple(out.shape),
+                  _check=False)
+    return ("seq", {"parts": [
+        ("select", {"dst": m, "cond": cond, "x": -1, "y": 0}),
+        ("bits", {"dst": out, "data": m, "op0": OPS["bitwise_and"], "operand0": x ^ y, "reverse0": False,
+                  "op1": OPS["bitwise_xor"], "operand1": y, "reverse1": False, "form": 1})]})
+
+
+def _where_const_ir(out, v, both, shape):
+    """``where`` of a number condition: the chosen operand in fp32 (what
+    torch.where gives), stored; a number through an fp32 tile filled with it
+    (an integer only where fp32 holds it: int64 on the interpreter)."""
+    if out.shape[0] > 128:
+        return None
+    act = {"op": OPS["copy"], "bias": None, "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None,
+           "engine": "scalar"}
+    if isinstance(v, NkiTensor):
+        return ("activation", dict(act, dst=out, data=_expanded(v, shape)))
+    ints = not builtins.any(isinstance(o, (float, NkiTensor)) for o in both)
+    if ints and abs(v) > 2 ** 24:
+        return None
+    f = float(torch.tensor(float(v), dtype=float32))
+    t = _temp(tuple(out.shape))
+    return ("seq", {"parts": [("memset", {"dst": t, "value": f}), ("activation", dict(act, dst=out, data=t))]})
 
 
 def broadcast_to(x, shape, **kw):
@@ -514,7 +621,14 @@ def broadcast_to(x, shape, **kw):
     _checks.tile(instr, "x", x)
     shape = tuple(shape)
     out = _result(shape, x.dtype)
-    ir = ("copy", {"dst": out, "src": _expanded(x, shape)}) if x.ndim == len(shape) else None
+    k = len(shape) - x.ndim
+    if k == 0:
+        ir = ("copy", {"dst": out, "src": _expanded(x, shape)})
+    elif k > 0:  # torch's expand: new leading dims, repeated (stride 0)
+        ir = ("copy", {"dst": out, "src": NkiTensor(x.storage, shape, (0,) * k + tuple(
+            0 if n != s else st for n, s, st in zip(x.shape, shape[k:], x.strides)), x.offset, _check=False)})
+    else:
+        ir = None
     _trace.record(instr, lambda env: env.write(out, env.view(x).expand(shape)), out, x, ir=ir)
     return out
 

@@ -76,6 +76,15 @@ def _dma_copy(a):
     return d
 
 
+@unit("nisa.dma_copy[dst_rmw_op]", ALL, nin=2)
+def _dma_copy_rmw(a, b):
+    d = _like(a)
+    nisa.dma_copy(dst=d, src=a)
+    nisa.dma_copy(dst=d, src=b, dst_rmw_op=nl.add)
+    nisa.dma_copy(dst=d[:, 0:1], src=b[:, 1:2] if b.shape[1] > 1 else b, dst_rmw_op=nl.subtract)
+    return d
+
+
 def _copy_to(dtype):
     def body(a):
         d = _like(a, dtype)
@@ -185,6 +194,36 @@ def _stt_reduce(a, b):
     return d
 
 
+def _permuted(a):
+    """``a`` [P, F] (F even) seen as [P, F/2, 2] with its free dims swapped:
+    a permuted view, which the interpreter's reductions read in memory order."""
+    return a.reshape((a.shape[0], a.shape[1] // 2, 2)).permute(0, 2, 1)
+
+
+EVEN = [(1, 8), (64, 34), (128, 130)]
+
+
+@unit("nisa.register_reductions[permuted]", ALL, nin=2, shapes=EVEN)
+def _permuted_register_reductions(a, b):
+    x, F = _permuted(a), a.shape[1]
+    d = _like(a, nl.float32, (a.shape[0], F + 3))
+    nisa.scalar_tensor_tensor(dst=d[:, :F], data=x, op0=nl.multiply, operand0=b[:, 0:1], op1=nl.add,
+                              operand1=_permuted(b), reduce_op=nl.add, reduce_res=d[:, F:F + 1])
+    nisa.tensor_scalar_reduce(dst=d[:, :F], data=x, op0=nl.add, operand0=0.5, reduce_op=nl.add,
+                              reduce_res=d[:, F + 1:F + 2])
+    nisa.activation(dst=d[:, :F], op=nl.abs, data=x, reduce_op=nl.add, reduce_res=d[:, F + 2:F + 3])
+    return d
+
+
+@unit("nisa.tensor_reduce[permuted]", FP + INT + ODD, shapes=EVEN)
+def _permuted_tensor_reduce(a):
+    x = _permuted(a)
+    d = _like(a, nl.float32, (a.shape[0], 3))
+    for i, op in enumerate((nl.add, nl.maximum, nl.minimum)):
+        nisa.tensor_reduce(dst=d[:, i:i + 1], op=op, data=x, axis=(1, 2), keepdims=True)
+    return d
+
+
 @unit("nisa.tensor_tensor_scan", ALL, nin=2, values="small")
 def _scan(a, b):
     d = _like(a)
@@ -282,6 +321,23 @@ def _bn(a):
 
 
 UNITS["nisa.bn_aggr"] = UNITS["nisa.bn_stats"]
+
+
+def _bn_groups(k):
+    def body(a):
+        F = a.shape[1]
+        cuts = [F * i // k for i in range(k + 1)]
+        s = _like(a, nl.float32, (a.shape[0], 6 * k))
+        for i in range(k):
+            nisa.bn_stats(dst=s[:, 6 * i:6 * i + 6], data=a[:, cuts[i]:cuts[i + 1]])
+        d = _like(a, nl.float32, (a.shape[0], 2))
+        nisa.bn_aggr(dst=d, data=s)
+        return d
+    return body
+
+
+for _k in (2, 7):  # several bn_stats groups per partition
+    unit(f"nisa.bn_aggr[{_k} groups]", FP + INT)(_bn_groups(_k))
 
 
 @unit("nisa.tensor_partition_reduce", FP + INT)
@@ -427,9 +483,27 @@ def _nl_softmax(a):
     return nl.softmax(a, axis=1)
 
 
+@unit("nl.softmax[axis=0]", ALL, tol=True)
+def _nl_softmax_partitions(a):
+    return nl.softmax(a, axis=0)
+
+
+@unit("nl.softmax[3-D]", ALL, tol=True, shapes=[(1, 8), (64, 34), (128, 130)])
+def _nl_softmax_3d(a):
+    x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+    return nl.softmax(x, axis=1), nl.softmax(x, axis=-1)
+
+
 @unit("nl.rms_norm", ALL, nin=2)
 def _nl_rms_norm(a, b):
     return nl.rms_norm(a, b[0:1, :], axis=1, n=a.shape[1])
+
+
+@unit("nl.rms_norm[3-D]", ALL, nin=2, shapes=[(1, 8), (64, 34), (128, 130)])
+def _nl_rms_norm_3d(a, b):
+    x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+    w = b[0:1, :].reshape((1, 2, a.shape[1] // 2))
+    return nl.rms_norm(x, w, axis=(1, 2), n=a.shape[1]), nl.rms_norm(x, w, axis=2, n=a.shape[1] // 2)
 
 
 @unit("nl.where", ALL, nin=2)
@@ -437,9 +511,25 @@ def _nl_where(a, b):
     return nl.where(a, a, b), nl.where(b, 2.0, a)
 
 
+@unit("nl.where[wide ints]", ALL)
+def _nl_where_wide_ints(a):
+    # Integers past fp32's exact range: the interpreter's torch.where is int64.
+    return nl.where(a, 2**31 - 1, -(2**31) + 5), nl.where(a, 3 * 2**30 + 7, 2**25 + 1, dtype=nl.uint32)
+
+
+@unit("nl.where[number condition]", ALL, nin=2)
+def _nl_where_number_condition(a, b):
+    return nl.where(1, a, b), nl.where(0, a, 2.5), nl.where(0.0, a, -7), nl.where(True, -0.0, b)
+
+
 @unit("nl.broadcast_to", ALL)
 def _nl_broadcast_to(a):
     return nl.broadcast_to(a[:, 0:1], a.shape)
+
+
+@unit("nl.broadcast_to[new dims]", ALL, shapes=[(1, 7), (64, 33)])
+def _nl_broadcast_to_new_dims(a):
+    return nl.broadcast_to(a, (2,) + tuple(a.shape))  # torch's expand: a new leading dim
 
 
 @unit("nl.shared_identity_matrix", [torch.float32, torch.bfloat16], shapes=[(1, 7), (64, 33)])
@@ -508,7 +598,7 @@ def _native_expected(name, dtype):
 # torch.topk orders equal values either way.)
 SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")} | {
     "nisa.tensor_scalar_reduce", "nisa.scalar_tensor_tensor+reduce", "nisa.select_reduce", "nisa.max8",
-    "nisa.nc_find_index8"}
+    "nisa.nc_find_index8", "nisa.tensor_reduce[permuted]"}
 
 
 def _fp8_to_int(name, dtype):
@@ -608,7 +698,7 @@ def test_executors_agree(name, dtype, monkeypatch):
         shape2 = (shape[0], shape[1]) if name not in ("nisa.nc_matmul", "nl.matmul") else (shape[0], 19)
         args = [_values(dtype, shape, u.values, 1 + i)] + ([_values(dtype, shape2, u.values, 100 + i)]
                                                              if u.nin == 2 else [])
-        if name == "nl.rms_norm":
+        if name.startswith("nl.rms_norm"):
             args[1] = args[1].abs() if dtype.is_floating_point else args[1]
         label = f"{name} {dtype} {list(shape)}"
         if _fp8_to_int(name, dtype):

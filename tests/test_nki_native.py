@@ -1187,3 +1187,107 @@ def test_native_leaves_interpreter_errors_to_the_interpreter(monkeypatch):
     assert (out == 300).all()
     out = _both(_memset_value, torch.zeros(4, 8, dtype=torch.int32), 2**24 + 1, monkeypatch=monkeypatch)
     assert (out == 2**24 + 1).all()  # not through fp32
+
+
+# Forms that used to fall back to the interpreter (issue 23): each runs with
+# NKI_EXECUTOR=native and equals the interpreter bit for bit.
+def _rmw_copy(a, b):
+    d = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=d, src=a)
+    nisa.dma_copy(dst=d, src=b, dst_rmw_op=nl.multiply)
+    return d
+
+
+def _where_wide_ints(a, b):
+    return nl.where(a, 2**31 - 1, -(2**31) + 5)
+
+
+def _where_wide_ints_u32(a, b):
+    return nl.where(b, 3 * 2**30 + 7, 2**25 + 1, dtype=nl.uint32)
+
+
+def _broadcast_new_dims(a, b):
+    return nl.broadcast_to(a[0:3, :], (2, 3, a.shape[1]))
+
+
+def _bn_aggr_groups(a, b):
+    s = nl.ndarray((a.shape[0], 5, 6), dtype=nl.float32, buffer=nl.sbuf)  # 3-D: five groups
+    for i in range(5):
+        nisa.bn_stats(dst=s[:, i, :], data=a[:, 8 * i:8 * i + 8])
+    d = nl.ndarray((a.shape[0], 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.bn_aggr(dst=d, data=s)
+    return d
+
+
+def _rms_norm_3d(a, b):
+    x = a.reshape((a.shape[0], 4, 10))
+    return nl.rms_norm(x, b[0:1, :].reshape((1, 4, 10)), axis=2, n=10)
+
+
+def _permuted_reductions(a, b):
+    x = a.reshape((a.shape[0], 8, 5)).permute(0, 2, 1)  # a permuted view: reduced in memory order
+    d = nl.ndarray((a.shape[0], 43), dtype=nl.float32, buffer=nl.sbuf)
+    pred = nl.ndarray((a.shape[0], 5, 8), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pred, data=b.reshape((a.shape[0], 5, 8)), op0=nl.greater, operand0=0.0)
+    nisa.select_reduce(dst=d[:, :40], predicate=pred, on_true=x, on_false=-1.0, reduce_res=d[:, 40:41],
+                       reduce_op=nl.maximum)
+    nisa.activation_reduce(dst=d[:, :40], op=nl.square, data=x, reduce_op=nl.add, reduce_res=d[:, 41:42])
+    nisa.scalar_tensor_tensor(dst=d[:, :40], data=x, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
+                              operand1=b, reduce_op=nl.add, reduce_res=d[:, 42:43])
+    return d
+
+
+def _permuted_sum(a, b):
+    d = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=d, op=nl.add, data=a.reshape((a.shape[0], 8, 5)).permute(0, 2, 1), axis=(1, 2),
+                       keepdims=True)
+    return d
+
+
+def _where_number_condition(a, b):
+    return nl.where(0, a, -3)
+
+
+FORMER_FALLBACKS = {"bn_aggr[5 groups]": _bn_aggr_groups, "tensor_reduce[permuted]": _permuted_sum, "where[number condition]": _where_number_condition,
+                    "register reductions[permuted]": _permuted_reductions,
+                    "rms_norm[3-D, last axis]": _rms_norm_3d, "dma_copy[dst_rmw_op]": _rmw_copy, "where[wide ints]": _where_wide_ints,
+                    "where[wide ints, uint32]": _where_wide_ints_u32, "broadcast_to[new dims]": _broadcast_new_dims}
+
+
+def _former_fallback_kernel(body):
+    @nki.jit
+    def kernel(a, b):
+        r = body(nl.load(a), nl.load(b))
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+    return kernel
+
+
+@pytest.mark.parametrize("form", sorted(FORMER_FALLBACKS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_native_covers_former_fallbacks(form, dtype, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    a = (torch.randn(96, 40, generator=g) * 3).to(dtype)
+    b = (torch.randn(96, 40, generator=g) * 3).to(dtype)
+    a[0, :4] = 0  # some false conditions
+    kernel = _former_fallback_kernel(FORMER_FALLBACKS[form])
+    _both(kernel, a.to("neuron"), b.to("neuron"), monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_softmax_other_axes(axis, dtype, monkeypatch):
+    # Within the transcendental tolerance of docs/nki.md (torch's fused kernel has its own exp and order).
+    @nki.jit
+    def kernel(a):
+        r = nl.softmax(nl.load(a).reshape((a.shape[0], 4, 10)), axis=axis)
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+    a = (torch.randn(96, 40, generator=torch.Generator().manual_seed(3)) * 3).to(dtype).to("neuron")
+    ref = _run("interpreter", kernel, a, monkeypatch=monkeypatch).cpu().float()
+    out = _run("native", kernel, a, monkeypatch=monkeypatch).cpu().float()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out, ref, rtol=max(4e-6, 2 * eps), atol=max(2e-5, eps))
+    assert torch.allclose(out.sum(dim=axis), torch.ones(()), atol=1e-2)  # a distribution along the axis
