@@ -85,8 +85,8 @@ std::string disagreement(int size_, const std::vector<int64_t>& mine, const int6
     ranks += c10::str("\n  rank ", r, ": ", opName(q[0]), " ",
                       q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
     if (q[2] == -1) {
-      ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
-                        join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
+      ranks += c10::str(" send splits [", c10::Join(", ", c10::ArrayRef<int64_t>(q + 4, size_)), "] receive splits [",
+                        c10::Join(", ", c10::ArrayRef<int64_t>(q + 4 + size_, size_)), "] (elements)");
     } else {
       ranks += c10::str(", ", q[2], " elements");
     }
@@ -98,17 +98,6 @@ std::string disagreement(int size_, const std::vector<int64_t>& mine, const int6
 
 using namespace neuron_pg;
 using neuron_pg::classify;  // not c10d::classify
-
-void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
-                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
-                               const std::vector<int64_t>& outSplits, int64_t redop) {
-  if (!checkAgreement_ || size_ == 1) return;
-  const std::string mismatch =
-      exchangeWords(type, opTimeout, agreement_words(type, size_, tensors, inSplits, outSplits, redop));
-  if (!mismatch.empty()) {
-    C10_THROW_ERROR(DistBackendError, c10::str(describeOp(type, seq_.load() + 1, opTimeout), ": ", mismatch));
-  }
-}
 
 void ProcessGroupNeuron::validate(OpType type, std::chrono::milliseconds opTimeout,
                                   const std::function<void()>& check) {
@@ -123,17 +112,15 @@ void ProcessGroupNeuron::validate(OpType type, std::chrono::milliseconds opTimeo
   } catch (...) {
     error = std::current_exception();
   }
-  if (checkAgreement_ && size_ > 1) {
-    try {
-      (void)exchangeWords(type, opTimeout, rejection_words(type, size_, problem));
-    } catch (...) {  // this rank's own error says more than a failed announcement
-    }
+  try {
+    agree(type, opTimeout, rejection_words(type, size_, problem));
+  } catch (...) {  // this rank's own error says more than a failed announcement
   }
   std::rethrow_exception(error);
 }
 
-std::string ProcessGroupNeuron::exchangeWords(OpType type, std::chrono::milliseconds opTimeout,
-                                              const std::vector<int64_t>& p) {
+void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<int64_t>& p) {
+  if (!checkAgreement_ || size_ == 1) return;
   checkUsable();
   const int64_t width = static_cast<int64_t>(p.size());
   const auto timeout = effectiveTimeout(opTimeout);
@@ -187,7 +174,7 @@ std::string ProcessGroupNeuron::exchangeWords(OpType type, std::chrono::millisec
     at::Tensor rows = at::stack(all[0]).contiguous();
     mismatch = disagreement(size_, p, rows.data_ptr<int64_t>());
   }
-  return mismatch;
+  if (!mismatch.empty()) C10_THROW_ERROR(DistBackendError, c10::str(what, ": ", mismatch));
 }
 
 
