@@ -139,13 +139,11 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
     }
   } else {
     at::Tensor mine = at::tensor(p, at::kLong);
-    std::vector<std::vector<at::Tensor>> all(1);
-    for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
-    std::vector<at::Tensor> in{mine};
+    at::Tensor rows = at::empty({size_ * width}, at::kLong);  // rank r's words at r * width
     AllgatherOptions ao;
     ao.timeout = timeout;
     try {
-      auto fut = gloo_->allgather(all, in, ao)->getFuture();
+      auto fut = gloo_->_allgather_base(rows, mine, ao)->getFuture();
       // Wait on the future, not the Gloo work: abort() must release this wait.
       auto state = abortWaits_;
       fut->addCallback([state](c10::ivalue::Future&) {
@@ -171,11 +169,9 @@ void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
       if (!aborted_.load()) note_error(*error_, classify(msg));
       C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
     }
-    at::Tensor rows = at::stack(all[0]).contiguous();
     mismatch = disagreement(size_, p, rows.data_ptr<int64_t>());
   }
   if (!mismatch.empty()) C10_THROW_ERROR(DistBackendError, c10::str(what, ": ", mismatch));
 }
-
 
 }  // namespace c10d

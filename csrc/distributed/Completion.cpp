@@ -99,10 +99,6 @@ WorkNeuron::WorkNeuron(int rank, OpType opType, uint64_t seq, std::string descri
       errorSink_(std::move(errorSink)),
       watchdog_(std::move(watchdog)) {}
 
-std::exception_ptr WorkNeuron::wrap(std::exception_ptr error, const char* what) const {
-  return neuron_pg::dist_error(describe_ + " " + what + error_message(error));
-}
-
 void WorkNeuron::release_resources() {
   outputs_.clear();
   future_.reset();
@@ -126,7 +122,7 @@ void WorkNeuron::complete(std::exception_ptr error, const std::function<void()>&
       watchdog_->timedOut.push_back(describe_);
       watchdog_->cv.notify_all();
     }
-    error = wrap(error, "failed: ");
+    error = neuron_pg::dist_error(describe_ + " failed: " + error_message(error));
   }
   // The future first: whoever wait() releases may read it at once.
   if (error) {
