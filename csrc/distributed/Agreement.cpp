@@ -85,8 +85,8 @@ std::string disagreement(int size_, const std::vector<int64_t>& mine, const int6
     ranks += c10::str("\n  rank ", r, ": ", opName(q[0]), " ",
                       q[1] < 0 ? std::string("(no tensors)") : std::string(c10::toString(static_cast<at::ScalarType>(q[1]))));
     if (q[2] == -1) {
-      ranks += c10::str(" send splits [", join(std::vector<int64_t>(q + 4, q + 4 + size_), ", "), "] receive splits [",
-                        join(std::vector<int64_t>(q + 4 + size_, q + 4 + 2 * size_), ", "), "] (elements)");
+      ranks += c10::str(" send splits [", c10::Join(", ", c10::ArrayRef<int64_t>(q + 4, size_)), "] receive splits [",
+                        c10::Join(", ", c10::ArrayRef<int64_t>(q + 4 + size_, size_)), "] (elements)");
     } else {
       ranks += c10::str(", ", q[2], " elements");
     }
@@ -98,17 +98,6 @@ std::string disagreement(int size_, const std::vector<int64_t>& mine, const int6
 
 using namespace neuron_pg;
 using neuron_pg::classify;  // not c10d::classify
-
-void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout,
-                               const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& inSplits,
-                               const std::vector<int64_t>& outSplits, int64_t redop) {
-  if (!checkAgreement_ || size_ == 1) return;
-  const std::string mismatch =
-      exchangeWords(type, opTimeout, agreement_words(type, size_, tensors, inSplits, outSplits, redop));
-  if (!mismatch.empty()) {
-    C10_THROW_ERROR(DistBackendError, c10::str(describeOp(type, seq_.load() + 1, opTimeout), ": ", mismatch));
-  }
-}
 
 void ProcessGroupNeuron::validate(OpType type, std::chrono::milliseconds opTimeout,
                                   const std::function<void()>& check) {
@@ -123,17 +112,15 @@ void ProcessGroupNeuron::validate(OpType type, std::chrono::milliseconds opTimeo
   } catch (...) {
     error = std::current_exception();
   }
-  if (checkAgreement_ && size_ > 1) {
-    try {
-      (void)exchangeWords(type, opTimeout, rejection_words(type, size_, problem));
-    } catch (...) {  // this rank's own error says more than a failed announcement
-    }
+  try {
+    agree(type, opTimeout, rejection_words(type, size_, problem));
+  } catch (...) {  // this rank's own error says more than a failed announcement
   }
   std::rethrow_exception(error);
 }
 
-std::string ProcessGroupNeuron::exchangeWords(OpType type, std::chrono::milliseconds opTimeout,
-                                              const std::vector<int64_t>& p) {
+void ProcessGroupNeuron::agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<int64_t>& p) {
+  if (!checkAgreement_ || size_ == 1) return;
   checkUsable();
   const int64_t width = static_cast<int64_t>(p.size());
   const auto timeout = effectiveTimeout(opTimeout);
@@ -152,13 +139,11 @@ std::string ProcessGroupNeuron::exchangeWords(OpType type, std::chrono::millisec
     }
   } else {
     at::Tensor mine = at::tensor(p, at::kLong);
-    std::vector<std::vector<at::Tensor>> all(1);
-    for (int r = 0; r < size_; ++r) all[0].push_back(at::empty({width}, at::kLong));
-    std::vector<at::Tensor> in{mine};
+    at::Tensor rows = at::empty({size_ * width}, at::kLong);  // rank r's words at r * width
     AllgatherOptions ao;
     ao.timeout = timeout;
     try {
-      auto fut = gloo_->allgather(all, in, ao)->getFuture();
+      auto fut = gloo_->_allgather_base(rows, mine, ao)->getFuture();
       // Wait on the future, not the Gloo work: abort() must release this wait.
       auto state = abortWaits_;
       fut->addCallback([state](c10::ivalue::Future&) {
@@ -184,11 +169,9 @@ std::string ProcessGroupNeuron::exchangeWords(OpType type, std::chrono::millisec
       if (!aborted_.load()) note_error(*error_, classify(msg));
       C10_THROW_ERROR(DistBackendError, c10::str(what, " failed: ", msg));
     }
-    at::Tensor rows = at::stack(all[0]).contiguous();
     mismatch = disagreement(size_, p, rows.data_ptr<int64_t>());
   }
-  return mismatch;
+  if (!mismatch.empty()) C10_THROW_ERROR(DistBackendError, c10::str(what, ": ", mismatch));
 }
-
 
 }  // namespace c10d

@@ -31,14 +31,4 @@ std::vector<int64_t> rejection_words(OpType type, int size, ArgProblem problem);
 // mine.size() words) agree.
 std::string disagreement(int size, const std::vector<int64_t>& mine, const int64_t* all);
 
-template <typename T>
-std::string join(const std::vector<T>& items, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i) out += sep;
-    out += std::to_string(items[i]);
-  }
-  return out;
-}
-
 }  // namespace c10d::neuron_pg

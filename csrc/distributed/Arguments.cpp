@@ -24,7 +24,14 @@ void check_nonempty(const char* op, const std::vector<at::Tensor>& ts, const cha
   if (ts.empty()) reject_value(ArgProblem::EmptyList, op, ": Tensor list must be nonempty (", what, ")");
 }
 
-// Every tensor of one collective on one device: all on the same neuron
+void check_tensors(const char* op, const std::vector<at::Tensor>& ts) {
+  check_nonempty(op, ts, "tensors");
+  check_same_device(op, {{&ts, "tensor"}});
+}
+
+void check_root(const char* op, int root, int size, const char* role) {
+  if (root < 0 || root >= size) reject_value(ArgProblem::Other, op, ": invalid ", role, " rank ", root, " for group size ", size);
+}
 
 void check_same_device(const char* op, std::initializer_list<Located> lists) {
   const at::Tensor* first = nullptr;
@@ -51,6 +58,15 @@ void check_dtype(const char* op, const at::Tensor& t, const std::string& what, a
   if (t.scalar_type() != want) {
     reject_type(ArgProblem::Dtype, op, ": ", what, " must be the same type as the ", wantWhat, ", got ",
                 t.scalar_type(), " and ", want);
+  }
+}
+
+void check_like(const char* op, const at::Tensor& t, const std::string& what, const at::Tensor& ref,
+                const char* refWhat) {
+  check_dtype(op, t, what, ref.scalar_type(), refWhat);
+  if (t.numel() != ref.numel()) {
+    reject_value(ArgProblem::Size, op, ": ", what, " must have the ", refWhat, "'s size, got ", t.sizes(), " and ",
+                 ref.sizes());
   }
 }
 
@@ -87,9 +103,7 @@ void check_splits(const char* op, const at::Tensor& t, const std::vector<int64_t
 void check_rooted(const char* op, int rank, int size, int root, const char* role,
                   const std::vector<at::Tensor>& single, const char* singleWhat,
                   const std::vector<std::vector<at::Tensor>>& lists, const char* listWhat, const char* listName) {
-  if (root < 0 || root >= size) {
-    reject_value(ArgProblem::Other, op, ": invalid ", role, " rank ", root, " for group size ", size);
-  }
+  check_root(op, root, size, role);
   if (single.size() != 1) {
     reject_value(ArgProblem::ListLength, op, ": takes one ", singleWhat, " tensor, got ", single.size());
   }
@@ -103,13 +117,7 @@ void check_rooted(const char* op, int rank, int size, int root, const char* role
     reject_value(ArgProblem::ListLength, op, ": invalid ", listName, " on the ", role, " rank (expected ", size,
                  " tensors, the group size, got ", lists.empty() ? 0 : lists[0].size(), ")");
   }
-  for (int r = 0; r < size; ++r) {
-    check_dtype(op, lists[0][r], c10::str(listName, "[", r, "]"), single[0].scalar_type(), singleWhat);
-    if (lists[0][r].numel() != single[0].numel()) {
-      reject_value(ArgProblem::Size, op, ": ", listName, "[", r, "] must have the ", singleWhat, "'s size, got ",
-                   lists[0][r].sizes(), " and ", single[0].sizes());
-    }
-  }
+  for (int r = 0; r < size; ++r) check_like(op, lists[0][r], c10::str(listName, "[", r, "]"), single[0], singleWhat);
 }
 
 void check_world_sized(const char* op, int size, const std::vector<at::Tensor>& inputs,
@@ -140,12 +148,40 @@ void check_world_sized(const char* op, int size, const std::vector<at::Tensor>& 
   }
 }
 
-// check_reduction's TypeErrors, announced to the peers as well.
+static bool is_fp8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz ||
+         t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
+}
+
+// What Gloo would reject with an obscure message (or not at all), rejected
+// up front with a TypeError naming the op, the dtype and the way out.
 void check_reduction_arg(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
-  try {
-    check_reduction(tensors, op, collective);
-  } catch (...) {
-    throw ArgumentRejected{ArgProblem::Reduction, std::current_exception()};
+  const auto kind = op.op_;
+  const bool bitwise = kind == ReduceOp::BAND || kind == ReduceOp::BOR || kind == ReduceOp::BXOR;
+  for (const auto& t : tensors) {
+    const auto dtype = t.scalar_type();
+    const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+    if (is_fp8(dtype)) {
+      reject_type(ArgProblem::Reduction, collective, " cannot reduce ", dtype,
+                  " tensors: fp8 is supported for data movement only (broadcast, all_gather, gather, scatter, "
+                  "all_to_all, send/recv). Upcast to bfloat16 or float32 to reduce.");
+    }
+    if (kind == ReduceOp::AVG && !floating) {
+      reject_type(ArgProblem::Reduction, collective, " with ReduceOp.AVG needs floating-point or complex tensors, got ",
+                  dtype, ": an integer average is not representable. Reduce with ReduceOp.SUM and divide.");
+    }
+    if (kind == ReduceOp::PREMUL_SUM && !floating) {
+      reject_type(ArgProblem::Reduction, collective,
+                  " with ReduceOp.PREMUL_SUM needs floating-point or complex tensors, got ", dtype, ".");
+    }
+    if (bitwise && !at::isIntegralType(dtype, /*includeBool=*/true)) {
+      reject_type(ArgProblem::Reduction, collective, " with ReduceOp.", reduce_op_name(kind),
+                  " needs integer or bool tensors, got ", dtype, ".");
+    }
+    if (at::isComplexType(dtype) && kind != ReduceOp::SUM && kind != ReduceOp::AVG && kind != ReduceOp::PREMUL_SUM) {
+      reject_type(ArgProblem::Reduction, collective, " with ReduceOp.", reduce_op_name(kind),
+                  " is not defined for complex tensors (", dtype, ").");
+    }
   }
 }
 

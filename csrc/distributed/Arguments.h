@@ -42,6 +42,10 @@ template <typename... Args>
 }
 
 void check_nonempty(const char* op, const std::vector<at::Tensor>& ts, const char* what);
+// The one-list collectives' tensors: a nonempty list, all on one device.
+void check_tensors(const char* op, const std::vector<at::Tensor>& ts);
+// A root rank of the group; `role` names it ("root", "destination").
+void check_root(const char* op, int root, int size, const char* role);
 
 // Every tensor of one collective on one device: all on the same neuron
 // device, or all on cpu (NCCL: "Tensors must be on the same device").
@@ -52,6 +56,9 @@ struct Located {
 void check_same_device(const char* op, std::initializer_list<Located> lists);
 void check_dtype(const char* op, const at::Tensor& t, const std::string& what, at::ScalarType want,
                  const char* wantWhat);
+// `t` (named `what`) has the dtype and number of elements of `ref`.
+void check_like(const char* op, const at::Tensor& t, const std::string& what, const at::Tensor& ref,
+                const char* refWhat);
 void check_splits(const char* op, const at::Tensor& t, const std::vector<int64_t>& splits, int size,
                   const char* what);
 // gather's and scatter's arguments: one tensor on every rank (`single`) and,
@@ -66,7 +73,8 @@ void check_rooted(const char* op, int rank, int size, int root, const char* role
 // other's elements and its dtype; `coalesced`: lists of pairs.
 void check_world_sized(const char* op, int size, const std::vector<at::Tensor>& inputs,
                        const std::vector<at::Tensor>& outputs, bool gathers, bool coalesced);
-// check_reduction's TypeErrors (Dtypes.h), announced to the peers as well.
+// What Gloo would reject with an obscure message (or not at all): a
+// TypeError naming the op, the dtype and the way out.
 void check_reduction_arg(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective);
 // Where this rank's tensors disagree with the shapes `want` (per list, per
 // tensor: numel and dtype of the corresponding input); empty if they fit.

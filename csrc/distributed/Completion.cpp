@@ -1,6 +1,7 @@
 #include "csrc/distributed/Completion.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/thread_name.h>
 
 #include <algorithm>
@@ -40,13 +41,27 @@ void note_error(std::atomic<ErrorType>& sink, ErrorType type) {
 
 namespace {
 
+std::exception_ptr dist_error(const std::string& msg) {
+  return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+}
+
+// Joins `thread`, or detaches it where a join would block (`detach`).
+void end_thread(std::thread& thread, bool detach) {
+  if (!thread.joinable()) return;
+  if (detach) {
+    thread.detach();
+  } else {
+    thread.join();
+  }
+}
+
 // Works complete on transport threads (Gloo's, the completion queue's, the
 // watchdog). Dropping a work's last reference there can drop a tensor's last
 // C++ reference, which releases its PyObject under the GIL; a thread that
 // asks for the GIL while the interpreter finalizes ends with pthread_exit
 // through a noexcept frame: std::terminate. So those threads complete and
-// release works inside a CompletionScope, and at exit (atexit, before
-// finalization) quiesceCompletions() waits for the open scopes and makes
+// release works inside an open completion (finish()), and at exit (atexit,
+// before finalization) quiesceCompletions() waits for the open ones and makes
 // later ones leak what they hold: the process is going away.
 struct CompletionState {
   std::mutex mutex;
@@ -59,33 +74,6 @@ CompletionState& completion_state() {
   static auto* state = new CompletionState();  // outlives static destruction
   return *state;
 }
-
-class CompletionScope {
- public:
-  CompletionScope() {
-    auto& s = completion_state();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    active_ = !s.exiting;
-    if (active_) ++s.open;
-  }
-  ~CompletionScope() {
-    if (!active_) return;
-    auto& s = completion_state();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (--s.open == 0) s.cv.notify_all();
-  }
-  CompletionScope(const CompletionScope&) = delete;
-  CompletionScope& operator=(const CompletionScope&) = delete;
-  // False once the process exits: the caller leaks instead of completing.
-  bool active() const { return active_; }
-  template <class T>
-  static void leak(T&& value) {
-    (void)new std::decay_t<T>(std::forward<T>(value));
-  }
-
- private:
-  bool active_ = false;
-};
 
 }  // namespace
 }  // namespace neuron_pg
@@ -111,12 +99,6 @@ WorkNeuron::WorkNeuron(int rank, OpType opType, uint64_t seq, std::string descri
       errorSink_(std::move(errorSink)),
       watchdog_(std::move(watchdog)) {}
 
-std::exception_ptr WorkNeuron::wrap(std::exception_ptr error, const char* what) const {
-  const std::string msg = error_message(error);
-  return std::make_exception_ptr(
-      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, describe_ + " " + what + msg));
-}
-
 void WorkNeuron::release_resources() {
   outputs_.clear();
   future_.reset();
@@ -140,7 +122,7 @@ void WorkNeuron::complete(std::exception_ptr error, const std::function<void()>&
       watchdog_->timedOut.push_back(describe_);
       watchdog_->cv.notify_all();
     }
-    error = wrap(error, "failed: ");
+    error = neuron_pg::dist_error(describe_ + " failed: " + error_message(error));
   }
   // The future first: whoever wait() releases may read it at once.
   if (error) {
@@ -182,9 +164,7 @@ void WorkNeuron::abort() {
     } catch (...) {  // Gloo's collective works cannot be aborted; abort() fails this work anyway
     }
   }
-  complete(std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                                         "the work was aborted")),
-           {});
+  complete(neuron_pg::dist_error("the work was aborted"), {});
 }
 
 int WorkNeuron::sourceRank() const {
@@ -210,7 +190,7 @@ void WorkTracker::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusi
     // future completes, also when our work completed early (a timeout).
     // (`work = work`: a plain capture of the const reference would be a const
     // copy, which std::move copies; its reference would then drop outside the
-    // CompletionScope, when Gloo destroys the callback.)
+    // open completion, when Gloo destroys the callback.)
     fut->addCallback([work = work, after = std::move(after), access = std::move(access)](
                          c10::ivalue::Future& f) mutable {
       Waiting item{std::move(work), nullptr, std::move(after), std::move(access)};
@@ -227,10 +207,18 @@ void WorkTracker::track(const c10::intrusive_ptr<WorkNeuron>& work, c10::intrusi
 }
 
 void WorkTracker::finish(Waiting item, std::exception_ptr error) {
-  CompletionScope scope;
-  if (!scope.active()) return CompletionScope::leak(std::move(item));
+  auto& s = completion_state();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.exiting) return (void)new Waiting(std::move(item));  // leaked: the process is exiting
+    ++s.open;
+  }
+  auto close = c10::make_scope_exit([&s] {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (--s.open == 0) s.cv.notify_all();
+  });
   item.work->complete(error, item.after);
-  item = Waiting{};  // the references drop inside the scope
+  item = Waiting{};  // the references drop while the completion is open
 }
 
 void WorkTracker::quiesce(std::chrono::milliseconds timeout) {
@@ -304,9 +292,7 @@ void WorkTracker::watchdogLoop() {
       }
     }
     for (auto& w : late) {
-      const auto error = std::make_exception_ptr(
-          c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                c10::str("timed out: not completed after ", w->timeout_.count(), " ms")));
+      const auto error = dist_error(c10::str("timed out: not completed after ", w->timeout_.count(), " ms"));
       finish({std::move(w), nullptr, nullptr, nullptr}, error);  // queues the timeout for the next round
     }
   }
@@ -330,14 +316,8 @@ void WorkTracker::stop(bool aborted) {
     watchdog_->stop = true;
   }
   watchdog_->cv.notify_all();
-  if (watchdogThread_.joinable()) {
-    // abort() may run on the watchdog itself (error handling 1 and 2).
-    if (watchdogThread_.get_id() == std::this_thread::get_id()) {
-      watchdogThread_.detach();
-    } else {
-      watchdogThread_.join();
-    }
-  }
+  // abort() may run on the watchdog itself (error handling 1 and 2).
+  end_thread(watchdogThread_, watchdogThread_.get_id() == std::this_thread::get_id());
   bool blocked = false;
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
@@ -347,13 +327,7 @@ void WorkTracker::stop(bool aborted) {
     blocked = aborted && (queue_->busy || !queue_->items.empty());
   }
   queue_->cv.notify_all();
-  if (completionThread_.joinable()) {
-    if (blocked) {
-      completionThread_.detach();
-    } else {
-      completionThread_.join();
-    }
-  }
+  end_thread(completionThread_, blocked);
 }
 
 }  // namespace neuron_pg

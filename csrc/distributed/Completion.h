@@ -75,7 +75,6 @@ class WorkNeuron : public Work {
 
  private:
   friend class neuron_pg::WorkTracker;
-  std::exception_ptr wrap(std::exception_ptr error, const char* what) const;
 
   const uint64_t seq_;
   const std::string describe_;

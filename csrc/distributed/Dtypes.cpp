@@ -7,11 +7,6 @@
 
 namespace c10d::neuron_pg {
 
-bool is_fp8(at::ScalarType t) {
-  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz ||
-         t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
-}
-
 // Element types Gloo's kernels are instantiated for.
 static bool gloo_has_dtype(at::ScalarType t) {
   switch (t) {
@@ -29,10 +24,7 @@ at::Tensor host_view(const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> host_view(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(host_view(t));
-  return out;
+  return map_each(ts, [](const at::Tensor& t) { return host_view(t); });
 }
 
 // The CPU view of `t` a data-movement collective hands the transport: the
@@ -48,17 +40,11 @@ at::Tensor to_host(const at::Tensor& t) {
 }
 
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(to_host(t));
-  return out;
+  return map_each(ts, [](const at::Tensor& t) { return to_host(t); });
 }
 
 std::vector<std::vector<at::Tensor>> to_host(const std::vector<std::vector<at::Tensor>>& lists) {
-  std::vector<std::vector<at::Tensor>> out;
-  out.reserve(lists.size());
-  for (const auto& l : lists) out.push_back(to_host(l));
-  return out;
+  return map_each(lists, [](const std::vector<at::Tensor>& l) { return to_host(l); });
 }
 
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
@@ -79,31 +65,6 @@ const char* reduce_op_name(ReduceOp::RedOpType op) {
     case ReduceOp::BXOR: return "BXOR";
     case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
     default: return "UNUSED";
-  }
-}
-
-// What Gloo would reject with an obscure message (or not at all), rejected
-// up front with a TypeError naming the op, the dtype and the way out.
-void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
-  const auto kind = op.op_;
-  for (const auto& t : tensors) {
-    const auto dtype = t.scalar_type();
-    TORCH_CHECK_TYPE(!is_fp8(dtype), "neuron backend: ", collective, " cannot reduce ", dtype,
-                     " tensors: fp8 is supported for data movement only (broadcast, all_gather, gather, scatter, "
-                     "all_to_all, send/recv). Upcast to bfloat16 or float32 to reduce.");
-    const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
-    TORCH_CHECK_TYPE(!(kind == ReduceOp::AVG && !floating), "neuron backend: ", collective,
-                     " with ReduceOp.AVG needs floating-point or complex tensors, got ", dtype,
-                     ": an integer average is not representable. Reduce with ReduceOp.SUM and divide.");
-    TORCH_CHECK_TYPE(!(kind == ReduceOp::PREMUL_SUM && !floating), "neuron backend: ", collective,
-                     " with ReduceOp.PREMUL_SUM needs floating-point or complex tensors, got ", dtype, ".");
-    const bool bitwise = kind == ReduceOp::BAND || kind == ReduceOp::BOR || kind == ReduceOp::BXOR;
-    TORCH_CHECK_TYPE(!(bitwise && !at::isIntegralType(dtype, /*includeBool=*/true)), "neuron backend: ", collective,
-                     " with ReduceOp.", reduce_op_name(kind), " needs integer or bool tensors, got ", dtype, ".");
-    TORCH_CHECK_TYPE(!(at::isComplexType(dtype) && kind != ReduceOp::SUM && kind != ReduceOp::AVG &&
-                       kind != ReduceOp::PREMUL_SUM),
-                     "neuron backend: ", collective, " with ReduceOp.", reduce_op_name(kind),
-                     " is not defined for complex tensors (", dtype, ").");
   }
 }
 
@@ -138,10 +99,7 @@ at::Tensor reduction_input(const at::Tensor& h, const ReduceOp& op) {
 }
 
 std::vector<at::Tensor> reduction_input(const std::vector<at::Tensor>& hs, const ReduceOp& op) {
-  std::vector<at::Tensor> out;
-  out.reserve(hs.size());
-  for (const auto& h : hs) out.push_back(reduction_input(h, op));
-  return out;
+  return map_each(hs, [&](const at::Tensor& h) { return reduction_input(h, op); });
 }
 
 // Copies scratch results back into the caller's tensors (no-op when Gloo
@@ -203,7 +161,7 @@ std::optional<neuronrt::ShmReduceOp> shm_op(ReduceOp::RedOpType op) {
 }
 
 // Whether the engine reduces `t` with `op` (dtype after widening; AVG only
-// for floating types, which check_reduction already enforced).
+// for floating types, which check_reduction_arg already enforced).
 bool shm_reduces(const at::Tensor& t, const ReduceOp& op) {
   const auto dtype = widened(t.scalar_type()).value_or(t.scalar_type());
   const auto d = shm_dtype(dtype);
@@ -216,14 +174,14 @@ bool shm_moves(const at::Tensor& t) {
   return t.defined() && !t.is_sparse() && t.element_size() > 0;
 }
 
-at::Tensor flat_bytes(const at::Tensor& h) {
+// A contiguous flat byte view of host tensor `h` (a copy if not contiguous).
+static at::Tensor flat_bytes(const at::Tensor& h) {
   return h.contiguous().reshape({-1}).view(at::kByte);
 }
 
 at::Tensor cat_flat(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> flat;
-  for (const auto& t : host_view(ts)) flat.push_back(t.reshape({-1}));
-  return at::cat(flat);
+  if (ts.size() == 1) return host_view(ts[0]).reshape({-1});  // a view where it can
+  return at::cat(map_each(ts, [](const at::Tensor& t) { return host_view(t).reshape({-1}); }));
 }
 
 int64_t largest_bytes(const std::vector<at::Tensor>& outs) {

@@ -16,7 +16,20 @@
 
 namespace c10d::neuron_pg {
 
-bool is_fp8(at::ScalarType t);
+// `f` of each element of `items`, in order.
+template <class T, class F>
+auto map_each(const std::vector<T>& items, F f) {
+  std::vector<std::decay_t<decltype(f(items.front()))>> out;
+  out.reserve(items.size());
+  for (const auto& item : items) out.push_back(f(item));
+  return out;
+}
+
+// The number of elements of each of `ts`.
+inline std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
+  return map_each(ts, [](const at::Tensor& t) { return t.numel(); });
+}
+
 const char* reduce_op_name(ReduceOp::RedOpType op);
 
 // A zero-copy CPU alias of `t` (neuron memory; CPU tensors unchanged).
@@ -28,10 +41,8 @@ at::Tensor to_host(const at::Tensor& t);
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& ts);
 std::vector<std::vector<at::Tensor>> to_host(const std::vector<std::vector<at::Tensor>>& lists);
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists);
-// A contiguous flat byte view of host tensor `h` (a copy if not contiguous).
-at::Tensor flat_bytes(const at::Tensor& h);
 // The host views of `ts`, flattened and concatenated (a list-form
-// collective run as its flat form).
+// collective run as its flat form; one tensor: its flat view where it can).
 at::Tensor cat_flat(const std::vector<at::Tensor>& ts);
 // all_gather into outputs of different sizes runs over blocks of the largest
 // output's bytes: each rank's input padded to a block, and each gathered
@@ -43,9 +54,6 @@ void copy_blocks(const std::vector<at::Tensor>& outs, const at::Tensor& gathered
 // none for CPU-only collectives.
 std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {});
 
-// What Gloo would reject with an obscure message (or not at all), rejected
-// up front with a TypeError naming the op, the dtype and the way out.
-void check_reduction(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective);
 // What a transport reduces for host alias `h`: `h` itself, or a scratch
 // (PREMUL_SUM scaled, narrow integers widened) copied back afterwards.
 at::Tensor reduction_input(const at::Tensor& h, const ReduceOp& op);

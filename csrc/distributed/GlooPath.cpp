@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include "csrc/aten/NeuronFunctions.h"
+#include "csrc/distributed/Agreement.h"
 #include "csrc/distributed/ProcessGroupNeuron.h"
 #include "csrc/runtime/Runtime.h"
 
@@ -93,7 +94,8 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(std::shared_ptr<void> access
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::runOnGloo(const neuron_pg::GlooCall& call) {
-  agree(call.type, call.timeout, call.agreed, call.inSplits, call.outSplits, call.redop);
+  agree(call.type, call.timeout,
+        neuron_pg::agreement_words(call.type, size_, call.agreed, call.inSplits, call.outSplits, call.redop));
   auto access = expose(call.outputs, call.inputs);
   return launch(std::move(access), call.type, call.timeout, call.outputs, call.prepare());
 }

@@ -51,15 +51,21 @@ std::function<Issued()> moved(Outs outs, Ins ins, Run run) {
 }
 
 // The shape of the in-place reductions: Gloo reduces the prepared inputs
-// (scaled, widened) with gloo_op, and the results are copied back.
+// (scaled, widened) with gloo_op, and the results are copied back. Without
+// `keepResult` (reduce on a non-root rank, whose tensors stay as they were)
+// Gloo works through a scratch: the prepared copy, else a copy of the input.
 template <class Opts, class Run>
-std::function<Issued()> reduced(std::vector<at::Tensor> tensors, Opts opts, Run run) {
-  return [tensors, opts, run]() {
+std::function<Issued()> reduced(std::vector<at::Tensor> tensors, Opts opts, Run run, bool keepResult = true) {
+  return [tensors, opts, run, keepResult]() {
     auto host = host_view(tensors);
     auto in = reduction_input(host, opts.reduceOp);
+    for (size_t i = 0; i < in.size() && !keepResult; ++i) {
+      if (in[i].is_same(host[i])) in[i] = host[i].clone(at::MemoryFormat::Contiguous);
+    }
     Opts o = opts;
     o.reduceOp = gloo_op(opts.reduceOp);
-    return Issued{[in, o, run]() mutable { return run(in, o); }, copy_back(host, in)};
+    return Issued{[in, o, run]() mutable { return run(in, o); },
+                  keepResult ? copy_back(host, in) : std::function<void()>([in] {})};
   };
 }
 

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cstdlib>
@@ -67,7 +68,7 @@ std::chrono::milliseconds ProcessGroupNeuron::effectiveTimeout(std::chrono::mill
 
 std::string ProcessGroupNeuron::describeOp(OpType type, uint64_t seq, std::chrono::milliseconds opTimeout) const {
   const auto& g = options_->global_ranks_in_group;
-  const std::string ranks = g.empty() ? c10::str("[0..", size_ - 1, "]") : c10::str("[", join(g, ", "), "]");
+  const std::string ranks = g.empty() ? c10::str("[0..", size_ - 1, "]") : c10::str("[", c10::Join(", ", g), "]");
   return c10::str("[neuron] ", opTypeToString(type), " (sequence number ", seq, ", group '", pg_uid_, "', rank ",
                   rank_, " of ranks ", ranks, ", timeout ", effectiveTimeout(opTimeout).count(), " ms)");
 }
@@ -142,7 +143,7 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
   checkUsable();
   const std::string groupName = opts ? opts->group_name : std::string();
   const auto timeout = opts ? opts->timeout : options_->timeout;
-  const std::string key = c10::str(groupName, "|", join(ranks, ","));
+  const std::string key = c10::str(groupName, "|", c10::Join(",", ranks));
   std::lock_guard<std::mutex> lock(splitMutex_);
   if (!lastSplitKey_.empty() && key == lastSplitKey_) return lastSplit_;
 
@@ -187,11 +188,8 @@ c10::intrusive_ptr<Backend> ProcessGroupNeuron::split(const c10::intrusive_ptr<S
 c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors,
                                                        const BroadcastOptions& opts) {
   validate(OpType::BROADCAST, opts.timeout, [&] {
-    check_nonempty("broadcast", tensors, "tensors");
-    check_same_device("broadcast", {{&tensors, "tensor"}});
-    if (opts.rootRank < 0 || opts.rootRank >= size_) {
-      reject_value(ArgProblem::Other, "broadcast: invalid root rank ", opts.rootRank, " for group size ", size_);
-    }
+    check_tensors("broadcast", tensors);
+    check_root("broadcast", opts.rootRank, size_, "root");
   });
   return runOnGloo({.type = OpType::BROADCAST, .timeout = opts.timeout, .agreed = tensors, .outputs = tensors,
                     .prepare = moved(tensors, std::vector<at::Tensor>{}, [gloo = gloo_, opts](auto& t, auto&) {
@@ -202,8 +200,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
   validate(OpType::ALLREDUCE, opts.timeout, [&] {
-    check_nonempty("all_reduce", tensors, "tensors");
-    check_same_device("all_reduce", {{&tensors, "tensor"}});
+    check_tensors("all_reduce", tensors);
     check_reduction_arg(tensors, opts.reduceOp, "all_reduce");
   });
   const int64_t redop = opts.reduceOp.op_;
@@ -220,8 +217,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const AllreduceCoalescedOptions& opts) {
   validate(OpType::ALLREDUCE_COALESCED, opts.timeout, [&] {
-    check_nonempty("all_reduce_coalesced", tensors, "tensors");
-    check_same_device("all_reduce_coalesced", {{&tensors, "tensor"}});
+    check_tensors("all_reduce_coalesced", tensors);
     check_reduction_arg(tensors, opts.reduceOp, "all_reduce_coalesced");
   });
   return runOnGloo({.type = OpType::ALLREDUCE_COALESCED, .timeout = opts.timeout, .agreed = tensors,
@@ -233,37 +229,22 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at:
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
   validate(OpType::REDUCE, opts.timeout, [&] {
-    check_nonempty("reduce", tensors, "tensors");
-    check_same_device("reduce", {{&tensors, "tensor"}});
-    if (opts.rootRank < 0 || opts.rootRank >= size_) {
-      reject_value(ArgProblem::Other, "reduce: invalid root rank ", opts.rootRank, " for group size ", size_);
-    }
+    check_tensors("reduce", tensors);
+    check_root("reduce", opts.rootRank, size_, "root");
     check_reduction_arg(tensors, opts.reduceOp, "reduce");
   });
   const int64_t redop = opts.reduceOp.op_;
   // Only the root receives the result; the other ranks' tensors stay as they
   // were (NCCL's contract). Gloo's reduce works in place through every
   // rank's buffer and would leave partial results there, so a non-root rank
-  // hands the transport a scratch: the scaled or widened copy when there is
-  // one anyway, else one copy of its input.
+  // hands the transport a scratch (reduced() without keepResult).
   const bool root = opts.rootRank == rank_;
   if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
     // An all_reduce whose result the non-roots drop (their scratch).
     return launchShm(OpType::REDUCE, opts.timeout, tensors, tensors, "c10d::reduce_ (shm)",
                      shm_->allReduce(tensors[0], opts.reduceOp, /*keepResult=*/root), redop);
   }
-  auto prepare = [gloo = gloo_, tensors, opts, root] {
-    auto host = host_view(tensors);
-    std::vector<at::Tensor> in;
-    for (const auto& h : host) {
-      at::Tensor i = reduction_input(h, opts.reduceOp);
-      in.push_back(!root && i.is_same(h) ? h.clone(at::MemoryFormat::Contiguous) : i);
-    }
-    ReduceOptions o = opts;
-    o.reduceOp = gloo_op(opts.reduceOp);
-    return Issued{[gloo, in, o]() mutable { return gloo->reduce(in, o); },
-                  root ? copy_back(host, in) : std::function<void()>([in] {})};
-  };
+  auto prepare = reduced(tensors, opts, [gloo = gloo_](auto& in, auto& o) { return gloo->reduce(in, o); }, root);
   return runOnGloo({.type = OpType::REDUCE, .timeout = opts.timeout, .agreed = tensors, .redop = redop,
                     .outputs = tensors, .prepare = prepare});
 }
@@ -442,13 +423,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
                    inputs[0].size());
     }
     check_same_device(op, {{&outputs, "output"}, {&inputs[0], "input"}});
-    for (size_t r = 0; r < inputs[0].size(); ++r) {
-      check_dtype(op, inputs[0][r], c10::str("input ", r), outputs[0].scalar_type(), "output");
-      if (inputs[0][r].numel() != outputs[0].numel()) {
-        reject_value(ArgProblem::Size, op, ": input ", r, " must have the output's size, got ", inputs[0][r].sizes(),
-                     " and ", outputs[0].sizes());
-      }
-    }
+    for (size_t r = 0; r < inputs[0].size(); ++r) check_like(op, inputs[0][r], c10::str("input ", r), outputs[0], "output");
     check_reduction_arg(inputs[0], opts.reduceOp, op);
   });
   const int64_t redop = opts.reduceOp.op_;
@@ -481,7 +456,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& ou
   const int64_t redop = opts.reduceOp.op_;
   if (shm_ && shm_reduces(input, opts.reduceOp)) {
     return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, {input},
-                     "c10d::_reduce_scatter_base_ (shm)", shm_->reduceScatterBase(output, input, opts.reduceOp), redop);
+                     "c10d::_reduce_scatter_base_ (shm)", shm_->reduceScatter(output, {input}, opts.reduceOp), redop);
   }
   return runOnGloo({.type = OpType::_REDUCE_SCATTER_BASE, .timeout = opts.timeout, .agreed = {input}, .redop = redop,
                     .outputs = {output}, .inputs = {input},
@@ -547,26 +522,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
       check_dtype(op, outputs[r], c10::str("output ", r), outputs[0].scalar_type(), "outputs");
     }
   });
-  std::vector<int64_t> inSplits, outSplits;
-  for (const auto& t : inputs) inSplits.push_back(t.numel());
-  for (const auto& t : outputs) outSplits.push_back(t.numel());
   // The list form runs as the flat form over one contiguous buffer each way.
   // (Splits of the host views: dtypes Gloo lacks move as bytes.)
   auto prepare = [gloo = gloo_, outputs, inputs, opts]() {
-    std::vector<at::Tensor> flatIn;
-    std::vector<int64_t> inSplits, outSplits;
-    for (const auto& t : to_host(inputs)) {
-      flatIn.push_back(t.reshape({-1}));
-      inSplits.push_back(t.numel());
-    }
-    auto hostOuts = to_host(outputs);
-    int64_t total = 0;
-    for (const auto& t : hostOuts) {
-      outSplits.push_back(t.numel());
-      total += t.numel();
-    }
-    at::Tensor in = at::cat(flatIn);
-    at::Tensor out = at::empty({total}, hostOuts[0].options());
+    const auto hostIns = to_host(inputs), hostOuts = to_host(outputs);
+    std::vector<int64_t> inSplits = numels(hostIns), outSplits = numels(hostOuts);
+    at::Tensor in = cat_flat(hostIns);
+    at::Tensor out = at::empty({c10::sum_integers(outSplits)}, hostOuts[0].options());
     return Issued{[gloo, out, in, outSplits, inSplits, opts]() mutable {
                     return gloo->alltoall_base(out, in, outSplits, inSplits, opts);
                   },
@@ -579,7 +541,7 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
                   }};
   };
   return runOnGloo({.type = OpType::ALLTOALL, .timeout = opts.timeout, .agreed = {inputs.at(0)}, .outputs = outputs,
-                    .inputs = inputs, .prepare = prepare, .inSplits = inSplits, .outSplits = outSplits});
+                    .inputs = inputs, .prepare = prepare, .inSplits = numels(inputs), .outSplits = numels(outputs)});
 }
 
 // Point-to-point runs on Gloo only, with the p2p argument check (GlooPath.h).

@@ -125,15 +125,10 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   c10::intrusive_ptr<Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag, OpType type);
 
   // ---- the argument agreement (Agreement.cpp) ----
-  // Before a collective, the ranks compare what they pass and all raise the
-  // same error on a mismatch (Agreement.h).
-  void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<at::Tensor>& tensors,
-             const std::vector<int64_t>& inSplits = {}, const std::vector<int64_t>& outSplits = {},
-             int64_t redop = -1);
-  // One round of the agreement with `words` (shared memory or one small
-  // Gloo allgather); returns the mismatch report, throws DistBackendError
-  // when the exchange itself fails.
-  std::string exchangeWords(OpType type, std::chrono::milliseconds opTimeout, const std::vector<int64_t>& words);
+  // Before a collective, the ranks compare what they pass (`words`, see
+  // Agreement.h) through shared memory or one small Gloo allgather, and all
+  // raise the same DistBackendError on a mismatch or when the exchange fails.
+  void agree(OpType type, std::chrono::milliseconds opTimeout, const std::vector<int64_t>& words);
   // Local argument errors. `check` validates this rank's arguments before
   // anything is exchanged; if it throws, this rank still takes part in the
   // collective's agreement with words that say "rejected" (so its peers

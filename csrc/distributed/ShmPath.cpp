@@ -47,12 +47,16 @@ std::unique_ptr<ShmPath> ShmPath::connect(const c10::intrusive_ptr<Store>& store
   if (!store || size < 2) return nullptr;
   // Every rank reads every rank's keys, so all reach the same decision.
   auto s = c10::make_intrusive<PrefixStore>(kShmPrefix, store);
+  // Publishes this rank's `mine` under `key`; whether every rank's is `want`.
+  auto everyone = [&](const char* key, const std::string& mine, const std::string& want) {
+    s->set(c10::str(key, "/", rank), store_bytes(mine));
+    bool all = true;
+    for (int r = 0; r < size; ++r) all = store_string(s->get(c10::str(key, "/", r))) == want && all;
+    return all;
+  };
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  s->set(c10::str("host/", rank), store_bytes(host));
-  for (int r = 0; r < size; ++r) {
-    if (store_string(s->get(c10::str("host/", r))) != host) return nullptr;  // spans hosts: Gloo only
-  }
+  if (!everyone("host", host, host)) return nullptr;  // spans hosts: Gloo only
   std::unique_ptr<neuronrt::ShmCollectives> shm;
   try {
     if (rank == 0) {
@@ -70,19 +74,14 @@ std::unique_ptr<ShmPath> ShmPath::connect(const c10::intrusive_ptr<Store>& store
   } catch (const neuronrt::ShmError&) {
     shm.reset();  // e.g. same host name, other host: the segment is not there
   }
-  s->set(c10::str("attached/", rank), store_bytes(shm ? "1" : "0"));
-  bool all = true;
-  for (int r = 0; r < size; ++r) all = store_string(s->get(c10::str("attached/", r))) == "1" && all;
+  const bool all = everyone("attached", shm ? "1" : "0", "1");
   // Everyone has attached (or given up): the name is no longer needed, and
   // without it the segment goes away with the last process that maps it.
   if (rank == 0 && shm) shm->unlink();
   if (!all) return nullptr;
   // The single-copy path: peers map each other's device memory. The probe
   // is a collective: the ranks run it only if all of them want it.
-  s->set(c10::str("direct/", rank), store_bytes(direct ? "1" : "0"));
-  bool wanted = true;
-  for (int r = 0; r < size; ++r) wanted = store_string(s->get(c10::str("direct/", r))) == "1" && wanted;
-  if (wanted) {
+  if (everyone("direct", direct ? "1" : "0", "1")) {
     try {
       // The runtime's locator keeps new large device segments shareable
       // while this engine holds it (PeerMemory.h).
@@ -99,10 +98,6 @@ void ShmPath::serialized(const std::function<void()>& step) {
   step();
 }
 
-void ShmPath::exchange(const neuronrt::ShmCheck& check, std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  shm_->exchange(check, timeout);
-}
 
 ShmPath::Body ShmPath::allReduce(at::Tensor t, ReduceOp op, bool keepResult) const {
   return [shm = shm_.get(), t, op, keepResult](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
@@ -158,19 +153,8 @@ ShmPath::Body ShmPath::allGatherBase(at::Tensor output, at::Tensor input) const 
 
 ShmPath::Body ShmPath::reduceScatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) const {
   return [shm = shm_.get(), output, inputs, op](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
-    at::Tensor in = reduction_input(cat_flat(host_view(inputs)), op).contiguous();
     at::Tensor hostOut = host_view(output);
-    at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
-    shm->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), *shm_dtype(in.scalar_type()),
-                        *shm_op(op.op_), timeout, check);
-    hostOut.copy_(out.view(hostOut.sizes()));
-  };
-}
-
-ShmPath::Body ShmPath::reduceScatterBase(at::Tensor output, at::Tensor input, ReduceOp op) const {
-  return [shm = shm_.get(), output, input, op](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
-    at::Tensor hostOut = host_view(output);
-    at::Tensor in = reduction_input(host_view(input), op).contiguous();
+    at::Tensor in = reduction_input(cat_flat(inputs), op).contiguous();
     const bool direct = in.scalar_type() == hostOut.scalar_type() && hostOut.is_contiguous();
     at::Tensor out = direct ? hostOut : at::empty({hostOut.numel()}, in.options());
     shm->reduce_scatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(hostOut.numel()),

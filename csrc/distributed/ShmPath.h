@@ -38,7 +38,9 @@ class ShmPath {
   // collective at the time.
   void serialized(const std::function<void()>& step);
   // One round of the argument agreement alone.
-  void exchange(const neuronrt::ShmCheck& check, std::chrono::milliseconds timeout);
+  void exchange(const neuronrt::ShmCheck& check, std::chrono::milliseconds timeout) {
+    serialized([&] { shm_->exchange(check, timeout); });
+  }
   // Releases callers inside a shared-memory collective.
   void abort() { shm_->abort(); }
 
@@ -51,10 +53,9 @@ class ShmPath {
   Body allGatherUneven(std::vector<at::Tensor> outs, at::Tensor input, int64_t block) const;
   // all_gather_into_tensor.
   Body allGatherBase(at::Tensor output, at::Tensor input) const;
-  // reduce_scatter of one input per rank into `output`.
+  // reduce_scatter into `output` of the `inputs` (one per rank, or one of
+  // all ranks' blocks: reduce_scatter_tensor) as one flat input.
   Body reduceScatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) const;
-  // reduce_scatter_tensor.
-  Body reduceScatterBase(at::Tensor output, at::Tensor input, ReduceOp op) const;
 
  private:
   std::unique_ptr<neuronrt::ShmCollectives> shm_;
