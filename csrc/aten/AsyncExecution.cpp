@@ -55,16 +55,20 @@ const std::unordered_map<const c10::FunctionSchema*, Entry>& entries() {
   static const auto table = [] {
     std::unordered_map<const c10::FunctionSchema*, Entry> m;
     auto& d = c10::Dispatcher::singleton();
-    for (const QueuedRoute& op : queued_routes()) {
-      auto handle = d.findSchema({op.name, op.overload});
-      if (!handle) continue;
-      std::optional<c10::OperatorHandle> run = handle;
-      if (op.mode == Mode::Out) {
-        run = d.findSchema({op.name, op.out_overload});
-        TORCH_INTERNAL_ASSERT(run, "no out= overload ", op.out_overload, " of ", op.name);
-        m.emplace(&run->schema(), Entry{&op, run, /*called_out=*/true});
+    for (const Route& route : routes()) {
+      for (const QueuedRoute& op : route.queued) {
+        if (!op.meta) continue;
+        const std::string name = route.queued_name(op);
+        auto handle = d.findSchema({name, op.overload});
+        if (!handle) continue;
+        std::optional<c10::OperatorHandle> run = handle;
+        if (op.mode == Mode::Out) {
+          run = d.findSchema({name, op.out_overload});
+          TORCH_INTERNAL_ASSERT(run, "no out= overload ", op.out_overload, " of ", name);
+          m.emplace(&run->schema(), Entry{&op, run, /*called_out=*/true});
+        }
+        m.emplace(&handle->schema(), Entry{&op, run});
       }
-      m.emplace(&handle->schema(), Entry{&op, run});
     }
     return m;
   }();
