@@ -7,7 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
-#include <set>
+#include <map>
 
 #include "DirectKernels.h"
 #include "HostExecution.h"
@@ -258,28 +258,18 @@ const Route kRoutes[] = {
 #undef COMPARE
 #undef BITWISE
 
-bool in_table(std::string_view base) {
-  static const auto names = [] {
-    std::set<std::string_view> s;
+// The row of an op by base name: its own, or its family's; null if none.
+const Route* route_of(std::string_view base) {
+  static const auto rows = [] {
+    std::map<std::string_view, const Route*> m;
     for (const Route& r : kRoutes) {
-      if (r.table) s.insert(r.op);
+      if (r.table) m.emplace(r.op, &r);
     }
-    return s;
+    return m;
   }();
-  if (names.count(base)) return true;
+  if (auto it = rows.find(base); it != rows.end()) return it->second;
   for (const Route& r : kRoutes) {
-    if (r.op.back() == '*' && base.substr(0, r.op.size() - 1) == r.op.substr(0, r.op.size() - 1)) return true;
-  }
-  return false;
-}
-
-// The direct kernel of an overload ("add_.Tensor"), if it has one.
-const DirectRoute* direct_route(std::string_view qualified) {
-  for (const Route& r : kRoutes) {
-    if (qualified.substr(0, r.op.size()) != r.op) continue;
-    for (const DirectRoute& d : r.direct) {
-      if (d.suffix && qualified.substr(r.op.size()) == d.suffix) return &d;
-    }
+    if (r.op.back() == '*' && base.substr(0, r.op.size() - 1) == r.op.substr(0, r.op.size() - 1)) return &r;
   }
   return nullptr;
 }
@@ -293,7 +283,7 @@ namespace {
 // The table's overloads, as registered: with the table's kernel (host or
 // direct), or left to a dedicated neuron kernel (e.g. histc's).
 struct Registered {
-  std::string op;
+  RouteRow row;
   bool table_kernel;
 };
 
@@ -307,21 +297,35 @@ const std::vector<Registered>& registrations() {
       if (full.substr(0, 6) != "aten::") continue;
       std::string_view base = full.substr(6);
       if (base.size() > 1 && base.back() == '_' && base.substr(0, 2) != "__") base.remove_suffix(1);
-      if (!in_table(base)) continue;
+      const Route* route = route_of(base);
+      if (!route) continue;
       auto op = dispatcher.findOp(name);
       // Only real backend kernels: composite ops already work on neuron
       // through their decompositions.
       if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
       std::string qualified =
           std::string(full.substr(6)) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      const DirectRoute* direct = direct_route(qualified);
+      const DirectRoute* direct = nullptr;
+      for (const DirectRoute& d : route->direct) {
+        if (d.suffix && qualified == std::string(route->op) + d.suffix) direct = &d;
+      }
+      bool queued = false, checks_data = false;
+      for (const QueuedRoute& q : route->queued) {
+        if (!q.meta || route->queued_name(q) != full) continue;
+        if (name.overload_name == q.overload ||
+            (q.mode == QueueMode::Out && name.overload_name == q.out_overload)) {
+          queued = true;
+          checks_data = q.checks_data;
+        }
+      }
       const bool dedicated = !direct && op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1);
       if (direct) {
         lib.impl(qualified.c_str(), direct->kernel());
       } else if (!dedicated) {
         lib.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&host_kernel>());
       }
-      out.push_back({std::move(qualified), !dedicated});
+      const bool random = op->hasTag(at::Tag::nondeterministic_seeded);
+      out.push_back({{std::move(qualified), direct != nullptr, queued, checks_data, random}, !dedicated});
     }
     direct::install_cpu_stubs();
     return out;
@@ -333,36 +337,14 @@ const std::vector<Registered>& registrations() {
 
 std::vector<std::string> register_host_kernels() {
   std::vector<std::string> names;
-  for (const Registered& r : registrations()) names.push_back(r.op);
+  for (const Registered& r : registrations()) names.push_back(r.row.op);
   return names;
 }
 
 std::vector<RouteRow> route_table() {
-  std::set<std::string> queued, checks_data, direct;
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const Route& r : kRoutes) {
-    for (const QueuedRoute& q : r.queued) {
-      if (!q.meta) continue;
-      const std::string name = r.queued_name(q);
-      for (const char* overload : {q.overload, q.mode == QueueMode::Out ? q.out_overload : nullptr}) {
-        if (!overload || !dispatcher.findSchema({name, overload})) continue;
-        const std::string qualified = name.substr(6) + (*overload ? "." + std::string(overload) : "");
-        queued.insert(qualified);
-        if (q.checks_data) checks_data.insert(qualified);
-      }
-    }
-    for (const DirectRoute& d : r.direct) {
-      if (d.suffix) direct.insert(std::string(r.op) + d.suffix);
-    }
-  }
   std::vector<RouteRow> rows;
   for (const Registered& r : registrations()) {
-    if (!r.table_kernel) continue;
-    const auto dot = r.op.find('.');
-    auto op = dispatcher.findSchema(
-        {"aten::" + r.op.substr(0, dot), dot == std::string::npos ? "" : r.op.substr(dot + 1)});
-    rows.push_back({r.op, direct.count(r.op) > 0, queued.count(r.op) > 0, checks_data.count(r.op) > 0,
-                    op && op->hasTag(at::Tag::nondeterministic_seeded)});
+    if (r.table_kernel) rows.push_back(r.row);
   }
   std::sort(rows.begin(), rows.end(), [](const RouteRow& a, const RouteRow& b) { return a.op < b.op; });
   return rows;
