@@ -55,16 +55,20 @@ const std::unordered_map<const c10::FunctionSchema*, Entry>& entries() {
   static const auto table = [] {
     std::unordered_map<const c10::FunctionSchema*, Entry> m;
     auto& d = c10::Dispatcher::singleton();
-    for (const QueuedRoute& op : queued_routes()) {
-      auto handle = d.findSchema({op.name, op.overload});
-      if (!handle) continue;
-      std::optional<c10::OperatorHandle> run = handle;
-      if (op.mode == Mode::Out) {
-        run = d.findSchema({op.name, op.out_overload});
-        TORCH_INTERNAL_ASSERT(run, "no out= overload ", op.out_overload, " of ", op.name);
-        m.emplace(&run->schema(), Entry{&op, run, /*called_out=*/true});
+    for (const Route& route : routes()) {
+      for (const QueuedRoute& op : route.queued) {
+        if (!op.meta) continue;
+        const std::string name = route.queued_name(op);
+        auto handle = d.findSchema({name, op.overload});
+        if (!handle) continue;
+        std::optional<c10::OperatorHandle> run = handle;
+        if (op.mode == Mode::Out) {
+          run = d.findSchema({name, op.out_overload});
+          TORCH_INTERNAL_ASSERT(run, "no out= overload ", op.out_overload, " of ", name);
+          m.emplace(&run->schema(), Entry{&op, run, /*called_out=*/true});
+        }
+        m.emplace(&handle->schema(), Entry{&op, run});
       }
-      m.emplace(&handle->schema(), Entry{&op, run});
     }
     return m;
   }();
@@ -103,6 +107,29 @@ bool overlaps_an_input(const at::Tensor& out, const torch::jit::Stack& stack, si
     }
   }
   return false;
+}
+
+// The bytes of the tensors among `values` (tensor lists included).
+size_t tensor_bytes(c10::ArrayRef<c10::IValue> values) {
+  size_t bytes = 0;
+  for (const c10::IValue& v : values) {
+    if (v.isTensor()) {
+      bytes += v.toTensor().nbytes();
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) bytes += t.nbytes();
+    }
+  }
+  return bytes;
+}
+
+// `v` with each of its tensors t (a tensor or a tensor list) replaced by fn(t).
+template <class F>
+c10::IValue map_tensors(const c10::IValue& v, F&& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  if (!v.isTensorList()) return v;
+  std::vector<at::Tensor> list;
+  for (const at::Tensor& t : v.toTensorList()) list.push_back(fn(t));
+  return list;
 }
 
 // The kernel's operand for `t`: a host alias of device memory, or a copy of a
@@ -160,14 +187,7 @@ class OpKernel final : public neuronrt::Kernel {
  public:
   OpKernel(const c10::OperatorHandle& op, Mode mode, const char* name, Args args, Outs outputs)
       : op_(op), mode_(mode), name_(name), args_(std::move(args)),
-        outputs_(std::move(outputs)) {
-    for (const c10::IValue& v : args_) {
-      if (v.isTensor()) {
-        bytes_ += v.toTensor().nbytes();
-      } else if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorList()) bytes_ += t.nbytes();
-      }
-    }
+        outputs_(std::move(outputs)), bytes_(tensor_bytes(args_)) {
     for (const at::Tensor& o : outputs_) bytes_ += o.nbytes();
   }
 
@@ -197,7 +217,7 @@ class OpKernel final : public neuronrt::Kernel {
   // e.g. an in-place transpose_, do not reach a queued kernel).
   Args args_;
   Outs outputs_;
-  size_t bytes_ = 0;
+  size_t bytes_;
 };
 
 class CopyKernel final : public neuronrt::Kernel {
@@ -240,41 +260,25 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   // (runs_inline): the synchronous path does that without describing the
   // outputs with meta tensors first. Ops whose kernels check values keep the
   // queued path, so their errors wait for a sync point.
-  if (!info.checks_data) {
-    size_t bytes = 0;
-    for (size_t i = begin; i < stack->size(); ++i) {
-      const c10::IValue& v = (*stack)[i];
-      if (v.isTensor()) {
-        bytes += v.toTensor().nbytes();
-      } else if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorList()) bytes += t.nbytes();
-      }
-    }
-    if (runs_inline(neuronrt::current_stream(device), bytes)) return false;
+  if (!info.checks_data &&
+      runs_inline(neuronrt::current_stream(device), tensor_bytes(c10::ArrayRef<c10::IValue>(*stack).slice(begin)))) {
+    return false;
   }
   // An out= call: the functional overload's arguments, then the outputs.
   const size_t num_outs = it->second.called_out ? schema.returns().size() : 0;
   const size_t outs_begin = stack->size() - num_outs;
   Args meta_args;
   meta_args.reserve(num_args);
+  bool all_queueable = true;
   for (size_t i = begin; i < outs_begin; ++i) {
     const c10::IValue& v = (*stack)[i];
-    if (v.isTensor()) {
-      if (!queueable(v.toTensor())) return false;
-      meta_args.emplace_back(to_meta(v.toTensor()));
-    } else if (v.isTensorList()) {
-      std::vector<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (!queueable(t)) return false;
-        list.push_back(to_meta(t));
-      }
-      meta_args.emplace_back(std::move(list));
-    } else if (v.isOptionalTensorList() || v.isGenerator()) {
-      return false;
-    } else {
-      meta_args.push_back(v);
-    }
+    if (v.isOptionalTensorList() || v.isGenerator()) return false;
+    meta_args.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      all_queueable = all_queueable && queueable(t);
+      return to_meta(t);
+    }));
   }
+  if (!all_queueable) return false;
 
   // Checks and output metadata, on the caller: errors raise here.
   Outs meta = info.meta(meta_args);
@@ -308,18 +312,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
 
   Args args;
   args.reserve(num_args);
-  for (size_t i = begin; i < outs_begin; ++i) {
-    c10::IValue& v = (*stack)[i];
-    if (v.isTensor()) {
-      args.emplace_back(operand(v.toTensor()));
-    } else if (v.isTensorList()) {
-      std::vector<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(operand(t));
-      args.emplace_back(std::move(list));
-    } else {
-      args.push_back(std::move(v));
-    }
-  }
+  for (size_t i = begin; i < outs_begin; ++i) args.push_back(map_tensors((*stack)[i], operand));
   at::Tensor self = info.mode == Mode::InPlace ? (*stack)[begin].toTensor() : at::Tensor();
   Outs host_outputs;
   if (info.mode != Mode::InPlace) {

@@ -222,30 +222,28 @@ decltype(auto) host_path(Args&&... args) {
 // ---- the kernels ---------------------------------------------------------------
 
 // Binary TensorIterator ops: add, sub (`extra` is their alpha), mul, div
-// (kToFloat: integer inputs compute in floating point).
-template <class Structured, class Op, bool kToFloat, class... Extra>
-at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
+// (kToFloat: integer inputs compute in floating point); in place when `self`
+// is not const (add_, ...).
+template <class Structured, class Op, bool kToFloat, class Self, class... Extra>
+std::conditional_t<std::is_const_v<Self>, at::Tensor, at::Tensor&> binary(Self& self, const at::Tensor& other,
+                                                                          const Extra&... extra) {
   const at::Tensor b = binary_operand(self, other, kToFloat);
   auto* stream = b.defined() ? caller_stream(self, bytes_of(self) + bytes_of(b)) : nullptr;
   if (!stream) return host_path<Op>(self, other, extra...);
-  AllocationContext context;
-  Guard guard(self);
-  Functional<Structured> op;
-  op.meta(self, b, extra...);
-  launch(*stream, Op::name, [&] { op.impl(self, b, extra..., op.outputs[0]); });
-  return std::move(op.outputs[0]);
-}
-
-template <class Structured, class Op, bool kToFloat, class... Extra>
-at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
-  const at::Tensor b = binary_operand(self, other, kToFloat);
-  auto* stream = b.defined() ? caller_stream(self, bytes_of(self) + bytes_of(b)) : nullptr;
-  if (!stream) return host_path<Op>(self, other, extra...);
-  Guard guard(self);
-  InPlace<Structured> op(self);
-  op.meta(self, b, extra...);
-  launch(*stream, Op::name, [&] { op.impl(self, b, extra..., self); });
-  return self;
+  if constexpr (std::is_const_v<Self>) {
+    AllocationContext context;
+    Guard guard(self);
+    Functional<Structured> op;
+    op.meta(self, b, extra...);
+    launch(*stream, Op::name, [&] { op.impl(self, b, extra..., op.outputs[0]); });
+    return std::move(op.outputs[0]);
+  } else {
+    Guard guard(self);
+    InPlace<Structured> op(self);
+    op.meta(self, b, extra...);
+    launch(*stream, Op::name, [&] { op.impl(self, b, extra..., self); });
+    return self;
+  }
 }
 
 // ---- the CPU kernels of the stubs, for PrivateUse1 ---------------------------------
@@ -278,25 +276,25 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar
   return binary<structured_ufunc_add_CPU, at::_ops::add_Tensor, false>(self, other, alpha);
 }
 at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary_<structured_ufunc_add_CPU, at::_ops::add__Tensor, false>(self, other, alpha);
+  return binary<structured_ufunc_add_CPU, at::_ops::add__Tensor, false>(self, other, alpha);
 }
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   return binary<structured_sub_out, at::_ops::sub_Tensor, false>(self, other, alpha);
 }
 at::Tensor& sub_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary_<structured_sub_out, at::_ops::sub__Tensor, false>(self, other, alpha);
+  return binary<structured_sub_out, at::_ops::sub__Tensor, false>(self, other, alpha);
 }
 at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
   return binary<structured_mul_out, at::_ops::mul_Tensor, false>(self, other);
 }
 at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) {
-  return binary_<structured_mul_out, at::_ops::mul__Tensor, false>(self, other);
+  return binary<structured_mul_out, at::_ops::mul__Tensor, false>(self, other);
 }
 at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
   return binary<structured_div_out, at::_ops::div_Tensor, true>(self, other);
 }
 at::Tensor& div_(at::Tensor& self, const at::Tensor& other) {
-  return binary_<structured_div_out, at::_ops::div__Tensor, true>(self, other);
+  return binary<structured_div_out, at::_ops::div__Tensor, true>(self, other);
 }
 
 // sum over dims, in the input's own dtype. (Integer sums accumulate in int64

@@ -1,5 +1,5 @@
-// The route table: how each ATen op the device kernel table covers reaches
-// the device (docs/architecture.md, "Ops"; docs/ops.md is generated from it).
+// The route table: one row per ATen op, saying how it reaches the device
+// (docs/architecture.md, "The route table"; docs/ops.md is generated from it).
 //
 // Every op in the table runs through the host path (HostExecution.h): its CPU
 // kernel over host aliases of device memory, inside a launch. On top of that
@@ -17,6 +17,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -35,33 +36,48 @@ inline bool runs_inline(const neuronrt::Stream& stream, size_t bytes) {
          (bytes <= neuronrt::Stream::kInlineBytes / 2 && stream.query() && !stream.failed());
 }
 
-// ---- the table's entries (Routes.cpp) ---------------------------------------
+// ---- the table (Routes.cpp): one row per op --------------------------------
 
 // A queued overload: how its outputs are described and what the kernel runs.
 enum class QueueMode {
   Out,      // run the out= overload into the allocated outputs
-  InPlace,  // run the op itself; its result is its first argument
+  InPlace,  // run the in-place op (the row's op + "_"); its result is its first argument
   Copy,     // no out= overload: run the op, copy its results into the outputs
 };
 struct QueuedRoute {
   using Args = std::vector<c10::IValue>;  // the op's arguments, tensors as meta tensors
   using Outs = std::vector<at::Tensor>;   // meta outputs
-  const char* name;
-  const char* overload;
-  QueueMode mode;
-  const char* out_overload;  // QueueMode::Out
-  Outs (*meta)(const Args&);
+  const char* overload = nullptr;         // null: no entry
+  QueueMode mode = QueueMode::Out;
+  const char* out_overload = nullptr;  // QueueMode::Out
+  Outs (*meta)(const Args&) = nullptr;
   // The kernel checks values (index ranges): its errors must wait for a
   // synchronization point however it runs.
   bool checks_data = false;
 };
-c10::ArrayRef<QueuedRoute> queued_routes();
 
-// An overload with a direct kernel (DirectKernels.h).
+// An overload with a direct kernel (DirectKernels.h), by its spelling after
+// the op's name ("_.Tensor": add_.Tensor).
 struct DirectRoute {
-  const char* overload;
-  torch::CppFunction (*kernel)();
+  const char* suffix = nullptr;  // null: no entry
+  torch::CppFunction (*kernel)() = nullptr;
 };
+
+// An op and every way it reaches the device: its name ("add", covering its
+// overloads and in-place/out= variants; "_foreach_*" a family), its queued
+// overloads and its direct kernels. `table`: the table registers its kernels
+// (false: a dedicated kernel runs it through host_call, which may queue it).
+struct Route {
+  std::string_view op;
+  std::array<QueuedRoute, 2> queued{};
+  std::array<DirectRoute, 2> direct{};
+  bool table = true;
+
+  std::string queued_name(const QueuedRoute& q) const {
+    return "aten::" + std::string(op) + (q.mode == QueueMode::InPlace ? "_" : "");
+  }
+};
+c10::ArrayRef<Route> routes();
 
 // Registers the table's PrivateUse1 kernels: the direct kernel where there is
 // one, else the host path, for every overload of the table's ops that has a
