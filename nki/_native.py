@@ -723,13 +723,18 @@ def _lower_mark(low, ins, i, instrs, loops, skip_fill, filled, subst):
                 if st.id in skip_fill or st.id in filled:
                     continue
                 filled.add(st.id)
-                shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
-                low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
+                _fill_sentinel(low, st)
         low.depth += 1
     else:
         low.depth -= 1
     # w[3], the partner record, is set once the records have their final order (_link_loops).
     low.emit(OP_WHILE if kind == "while" else OP_END, [a["cond"]], [0, 0, -1, a["max"]], written=0, mixing=True)
+
+
+def _fill_sentinel(low, st):
+    """A fresh buffer filled with the NaN sentinel, as the interpreter's are."""
+    shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
+    low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
 
 
 def _link_loops(words):
@@ -815,9 +820,7 @@ class NativeProgram:
                 whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
                     all(s.storage.id != sid for s in srcs)
                 if not whole:
-                    st = t.storage
-                    shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
-                    low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
+                    _fill_sentinel(low, t.storage)
             ir = _mapped(ins.ir, subst)
             d = ir[1]["dst"].storage.id
             dead = d not in bound and last[d] == i

@@ -106,11 +106,12 @@ def shared_identity_matrix(n, dtype=bfloat16, **kw):
     return t
 
 
-def _temp(shape):
-    """An fp32 SBUF tile for the native lowering of a composite (a ``seq``
-    of executor records, nki/_native.py); the interpreter never touches it."""
+def _temp(shape, dtype=float32):
+    """An SBUF tile (fp32 unless said) for the native lowering of a composite
+    (a ``seq`` of executor records, nki/_native.py); the interpreter never
+    touches it."""
     shape = tuple(shape)
-    return NkiTensor(_trace.current().new_storage(sbuf, float32, shape, "tmp"), shape, _check=False)
+    return NkiTensor(_trace.current().new_storage(sbuf, dtype, shape, "tmp"), shape, _check=False)
 
 
 def _memset(t, value, instr):
@@ -431,20 +432,17 @@ def _softmax_other_axis_ir(out, x, axis):
     (that axis moved last in an fp32 temporary, row reductions over it, the
     result copied back through the inverse permutation). The same
     max / exp / sum / divide steps, within the same tolerance."""
-    def bcast(t, shape):  # t's size-1 dims repeated to shape
-        return NkiTensor(t.storage, tuple(shape), tuple(0 if n == 1 else st for n, st in zip(t.shape, t.strides)),
-                         t.offset, _check=False)
     if axis == 0:
         shape = tuple(x.shape)
         red = (1,) + shape[1:]
         m, s, e = _temp(red), _temp(red), _temp(shape)
         return ("seq", {"parts": [
             ("partition_reduce", {"dst": m, "data": x, "op": OPS["maximum"]}),
-            ("tensor_tensor", {"dst": e, "data": x, "data2": bcast(m, shape), "op": OPS["subtract"]}),
+            ("tensor_tensor", {"dst": e, "data": x, "data2": _expanded(m, shape), "op": OPS["subtract"]}),
             ("activation", {"dst": e, "op": OPS["exp"], "data": e, "bias": None, "scale": 1.0, "cmd": "idle",
                             "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
             ("partition_reduce", {"dst": s, "data": e, "op": OPS["add"]}),
-            ("tensor_tensor", {"dst": out, "data": e, "data2": bcast(s, shape), "op": OPS["divide"]})]})
+            ("tensor_tensor", {"dst": out, "data": e, "data2": _expanded(s, shape), "op": OPS["divide"]})]})
     perm = [d for d in builtins.range(x.ndim) if d != axis] + [axis]
     shape = tuple(x.shape[d] for d in perm)
     red = shape[:-1] + (1,)
@@ -459,11 +457,11 @@ def _softmax_other_axis_ir(out, x, axis):
         src = x
     parts += [
         ("tensor_reduce", {"dst": m, "data": src, "op": OPS["maximum"], "axes": last, "negate": False}),
-        ("tensor_tensor", {"dst": t, "data": src, "data2": bcast(m, shape), "op": OPS["subtract"]}),
+        ("tensor_tensor", {"dst": t, "data": src, "data2": _expanded(m, shape), "op": OPS["subtract"]}),
         ("activation", {"dst": t, "op": OPS["exp"], "data": t, "bias": None, "scale": 1.0, "cmd": "idle",
                         "reduce_op": None, "reduce_res": None, "engine": "scalar"}),
         _reduce_part(s, t, "add", last),
-        ("tensor_tensor", {"dst": t, "data": t, "data2": bcast(s, shape), "op": OPS["divide"]})]
+        ("tensor_tensor", {"dst": t, "data": t, "data2": _expanded(s, shape), "op": OPS["divide"]})]
     inv = [perm.index(d) for d in builtins.range(x.ndim)]
     parts.append(("copy", {"dst": out, "src": NkiTensor(t.storage, tuple(x.shape), tuple(t.strides[i] for i in inv),
                                                         0, _check=False)}))
@@ -519,9 +517,7 @@ def _rms_norm_ir(out, x, w, axis, n, epsilon):
             "dst": out, "data": x, "op0": OPS["multiply"], "operand0": r, "reverse0": False,
             "op1": OPS["multiply"], "operand1": _expanded(w, x.shape), "reverse1": False, "reduce": False}))
     else:
-        rb = NkiTensor(r.storage, tuple(x.shape), tuple(0 if d in axes else st for d, st in enumerate(r.strides)),
-                       0, _check=False)
-        parts += [("tensor_tensor", {"dst": sq, "data": x, "data2": rb, "op": OPS["multiply"]}),
+        parts += [("tensor_tensor", {"dst": sq, "data": x, "data2": _expanded(r, x.shape), "op": OPS["multiply"]}),
                   ("tensor_tensor", {"dst": out, "data": sq, "data2": _expanded(w, x.shape), "op": OPS["multiply"]})]
     return ("seq", {"parts": parts})
 
@@ -590,8 +586,7 @@ def _where_ints_ir(out, cond, x, y):
     fp32: a mask m (-1 or 0, a select of exact values into an int32
     temporary), then ``(m & (x ^ y)) ^ y`` in int64 (bitvector records),
     stored with copy_'s wrapping as the interpreter's int64 result is."""
-    m = NkiTensor(_trace.current().new_storage(sbuf, int32, tuple(out.shape), "tmp"), tuple(out.shape),
-                  _check=False)
+    m = _temp(out.shape, int32)
     return ("seq", {"parts": [
         ("select", {"dst": m, "cond": cond, "x": -1, "y": 0}),
         ("bits", {"dst": out, "data": m, "op0": OPS["bitwise_and"], "operand0": x ^ y, "reverse0": False,

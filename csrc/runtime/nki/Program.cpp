@@ -83,14 +83,16 @@ Program::Program(std::vector<int64_t> words, std::vector<double> imms, std::vect
     for (int k = 0; k < kMaxViews; ++k)
       if (view(i, k).ndim > 0) max_free_ = std::max(max_free_, free_numel(view(i, k)));
     // Loops nest: an OP_END closes the innermost open loop.
-    if (record(i)[0] == OP_WHILE) open_loops.push_back(i);
+    if (record(i)[0] == OP_WHILE) {
+      open_loops.push_back(i);
+      has_loops_ = true;
+    }
     if (record(i)[0] == OP_END) {
       if (open_loops.empty() || open_loops.back() != record(i)[3])
         throw Error("nki program '" + name_ + "': record " + std::to_string(i) + ": loops do not nest");
       open_loops.pop_back();
     }
   }
-  for (int64_t i = 0; i < ninstr_ && !has_loops_; ++i) has_loops_ = is_control(record(i)[0]);
 }
 
 void Program::check_control(int64_t i) const {
