@@ -148,11 +148,6 @@ void check_world_sized(const char* op, int size, const std::vector<at::Tensor>& 
   }
 }
 
-static bool is_fp8(at::ScalarType t) {
-  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz ||
-         t == at::kFloat8_e5m2fnuz || t == at::ScalarType::Float8_e8m0fnu;
-}
-
 // What Gloo would reject with an obscure message (or not at all), rejected
 // up front with a TypeError naming the op, the dtype and the way out.
 void check_reduction_arg(const std::vector<at::Tensor>& tensors, const ReduceOp& op, const char* collective) {
@@ -161,7 +156,7 @@ void check_reduction_arg(const std::vector<at::Tensor>& tensors, const ReduceOp&
   for (const auto& t : tensors) {
     const auto dtype = t.scalar_type();
     const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
-    if (is_fp8(dtype)) {
+    if (c10::isFloat8Type(dtype)) {
       reject_type(ArgProblem::Reduction, collective, " cannot reduce ", dtype,
                   " tensors: fp8 is supported for data movement only (broadcast, all_gather, gather, scatter, "
                   "all_to_all, send/recv). Upcast to bfloat16 or float32 to reduce.");
