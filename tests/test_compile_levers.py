@@ -86,9 +86,9 @@ def test_lever_list_is_complete():
         # Pulled by install(), or the phase says what pulls it.
         assert lever.phase in compile_pkg.PHASES or lever.phase.startswith("by "), lever
         assert lever.torch_api and lever.why, lever
-        assert lever.probe or lever.retire, f"{lever.name}: no probe and no retirement condition"
+        assert lever.retired, f"{lever.name}: no probe and no retirement condition"
         for ref in (lever.pull_fn, lever.probe):
-            assert not ref or callable(compile_pkg.Lever.resolve(ref)), ref
+            assert not ref or callable(compile_pkg.resolve(ref)), ref
 
 
 def test_install_rejects_an_unknown_phase():

@@ -1,18 +1,5 @@
-"""Inductor lowerings of neuron's fused SDPA ops in C++ wrappers.
-
-Traced neuron graphs keep ``F.scaled_dot_product_attention`` as one fused op,
-``aten._scaled_dot_product_fused_attention_overrideable`` (the PrivateUse1
-choice, csrc/aten/Attention.cpp), and its backward; Inductor keeps both as
-fallback kernels. A C++ wrapper (``cpp_wrapper=True``, AOTInductor) cannot
-call them: the forward's meta kernel returns ``None`` for outputs the schema
-declares as tensors (cumulative sequence lengths, the debug mask), which
-AOTI's proxy executor cannot serialize, and the backward then receives
-``None`` for tensor arguments. There the pair lowers to the host flash
-kernels the fused ops run anyway, under their own names
-(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward),
-whose arguments and results are all tensors. Python wrappers keep the fused
-ops (their fallbacks pass ``None`` through).
-"""
+"""Neuron's fused SDPA ops in C++ wrappers lower to the host flash kernels,
+whose arguments and results are all tensors (docs/compile.md, "Attention (SDPA)")."""
 from __future__ import annotations
 
 import torch

@@ -1,13 +1,5 @@
 """Bare ``init_process_group()`` makes the neuron backend the group's default,
-as ``init_process_group("neuron")`` does (torch < 2.14).
-
-Bare init (also called by ``init_device_mesh`` and FSDP2's default mesh)
-binds the accelerator's backend to the "neuron" device only and marks GLOO
-as the group's default backend type (``distributed_c10d``:
-``BackendConfig.__init__``, ``_new_process_group_helper``). No Gloo backend
-exists in that group, so DDP fails with "Could not find backend type 1" and
-cpu collectives (object collectives, barrier) find no backend.
-"""
+as ``init_process_group("neuron")`` does (torch < 2.14; docs/distributed.md)."""
 import functools
 
 import torch

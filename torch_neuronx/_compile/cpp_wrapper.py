@@ -1,9 +1,5 @@
-"""The C++ wrapper of neuron graphs: ``cpp_wrapper=True`` and AOTInductor.
-
-Registered as neuron's ``device_cpp_wrapper_codegen`` (device.py). The wrapper
-is host code over host-mappable device memory; see docs/compile.md
-("cpp_wrapper=True", "AOTInductor").
-"""
+"""The C++ wrapper of neuron graphs: ``cpp_wrapper=True`` and AOTInductor
+(docs/compile.md, "cpp_wrapper=True" and "AOTInductor")."""
 from __future__ import annotations
 
 import os
@@ -79,21 +75,9 @@ _NEURON_AOTI_HELPERS = """
 
 
 class NeuronCppWrapperCodegen(fusion.NeuronGraphWrapper, _NeuronKernelCalls, CppWrapperCpu):
-    """The C++ wrapper of neuron graphs: ``cpp_wrapper=True`` and AOTInductor.
-
-    The wrapper runs as one launch on the current neuron stream: under
-    ``cpp_wrapper=True`` its Python entry is wrapped in ``C._launch``; an AOTI
-    package (``AOTI_DEVICE_KEY`` "neuron") is run by the neuron AOTI model
-    runner. Inside, buffers are allocated on neuron, ``_out`` aten fallbacks
-    use the CPU C shims (``aoti_torch_cpu_*``: host kernels over the
-    host-mappable device memory, as the fused kernels are), and fallbacks that
-    return new tensors are called through the dispatcher as neuron ops.
-
-    AOTI specifics: the generated model only knows AOTI's own devices and is
-    created as a cpu model, so its constants live in its host memory (CPU
-    tensors) and a neuron fallback reading one gets a device copy; AOTI
-    includes and precompiles ``torch/csrc/inductor/aoti_include/neuron.h``,
-    which torch_neuronx ships (``AOTI_INCLUDE``)."""
+    """One launch on the current neuron stream; buffers on neuron, ``_out``
+    fallbacks through the CPU C shims, other fallbacks as neuron ops, AOTI
+    constants in the model's host memory (docs/compile.md)."""
 
     def __init__(self):
         if V.graph.aot_mode:

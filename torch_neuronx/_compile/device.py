@@ -1,25 +1,6 @@
-"""Inductor for the neuron device.
-
-Registered through Inductor's device-backend API (``register_backend_for_device``,
-``register_device_op_overrides``, the Dynamo ``DeviceInterface``), so every
-route into Inductor -- default ``torch.compile``, ``backend="neuron"``, any
-``compile_fx`` caller, ``cpp_wrapper=True`` -- lowers neuron graphs the same
-way: buffers are allocated on ``neuron``, aten fallbacks run as neuron ops, and
-fused kernels are Inductor's C++ (CppScheduling) code over the device memory,
-which the host runtime can map (``host_accessible``). Each C++ kernel is
-queued as one runtime launch on the current neuron stream
-(kernels.py), so it touches device memory only inside a launch
-(``NEURON_RT_PROTECT=1``) and the wrapper runs ahead of the kernels.
-AOTInductor packages the C++ wrapper (cpp_wrapper.py); the neuron AOTI model runner
-(csrc/python/AotiRunner.cpp) runs a loaded package as one launch per call
-(docs/compile.md).
-
-Inductor chooses C++-kernel semantics (dtype propagation, vector codegen) by
-the *current device* being ``cpu``, and treats every other device as a Triton
-device. NeuronScheduling therefore generates its kernels with the current
-device set to the host; everything around the kernels (buffers, fallbacks,
-the wrapper) stays on neuron.
-"""
+"""Inductor for the neuron device: its registrations, the scheduling that
+generates C++ kernels with the host current, and the Python wrapper
+(docs/compile.md, "One route")."""
 from __future__ import annotations
 
 import contextlib

@@ -1,11 +1,5 @@
-"""Dynamo integration: the ``neuron`` DeviceInterface and the ``"neuron"`` backend.
-
-Nothing here is imported by ``import torch``; it loads on the first
-``torch.compile`` that needs it (Inductor asks ``torch.neuron`` for its
-codegen classes, which installs the compile levers). The backend is
-registered once, by Dynamo itself, from the ``torch_dynamo_backends`` entry
-point (pyproject.toml) the first time ``backend="neuron"`` is looked up.
-"""
+"""Dynamo integration: the ``neuron`` DeviceInterface, compile metrics and
+the ``"neuron"`` backend (docs/compile.md; its options: docs/compat.md)."""
 from __future__ import annotations
 
 import functools
@@ -23,25 +17,16 @@ from .. import _C, _env
 log = logging.getLogger(__name__)
 
 
+def _torch_neuron(*names) -> dict:
+    return {name: staticmethod(getattr(torch.neuron, name)) for name in names}
+
+
 class NeuronInterface(DeviceInterface):
     device = torch.neuron.device  # type: ignore[assignment]
     Event = torch.neuron.Event  # type: ignore[assignment]
     Stream = torch.neuron.Stream  # type: ignore[assignment]
-
-    class Worker:
-        set_device = staticmethod(torch.neuron.set_device)
-        current_device = staticmethod(torch.neuron.current_device)
-        get_device_properties = staticmethod(torch.neuron.get_device_properties)
-
-    current_device = staticmethod(torch.neuron.current_device)
-    set_device = staticmethod(torch.neuron.set_device)
-    device_count = staticmethod(torch.neuron.device_count)
-    is_available = staticmethod(torch.neuron.is_available)
-    stream = staticmethod(torch.neuron.stream)
-    current_stream = staticmethod(torch.neuron.current_stream)
-    set_stream = staticmethod(torch.neuron.set_stream)
-    synchronize = staticmethod(torch.neuron.synchronize)
-    memory_allocated = staticmethod(torch.neuron.memory_allocated)
+    Worker = type("Worker", (DeviceInterface.Worker,),
+                  _torch_neuron("set_device", "current_device", "get_device_properties"))
 
     @staticmethod
     def maybe_exchange_device(device: int) -> int:
@@ -73,6 +58,11 @@ class NeuronInterface(DeviceInterface):
     @classmethod
     def raise_if_triton_unavailable(cls, device=None) -> None:
         raise RuntimeError("neuron kernels are generated as C++ host kernels, not Triton")
+
+
+for _name, _fn in _torch_neuron("current_device", "set_device", "device_count", "is_available", "stream",
+                                "current_stream", "set_stream", "synchronize", "memory_allocated").items():
+    setattr(NeuronInterface, _name, _fn)
 
 
 @functools.cache
@@ -143,20 +133,8 @@ _MODES = {
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
     """``torch.compile(model, backend="neuron")``: Inductor, with ``mode``
-    mapped to the Inductor options that apply to neuron (docs/compile.md) and
-    ``options`` passed through.
-
-    Neuron is registered with Inductor as a device (torch_neuronx._compile),
-    so this is the same lowering as default ``torch.compile``; graphs with no
-    neuron tensor compile exactly as CPU Inductor would.
-
-    The vendor product's options and variables apply (docs/compat.md):
-    ``options={"fallback_execution": True}`` or
-    ``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0`` run a graph that fails to
-    compile eagerly instead of raising; ``TORCH_NEURONX_DEBUG_DIR`` keeps each
-    graph's artifacts (FX graph, IR, generated code) there;
-    ``TORCH_NEURONX_DISABLE_NEFF_CACHE=1`` skips the persistent compile cache.
-    """
+    mapped to Inductor options (docs/compile.md) and the product's options and
+    variables applied (docs/compat.md)."""
     register_device_interface()
     _note_compile()
     mode = mode or "default"

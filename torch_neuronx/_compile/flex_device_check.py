@@ -1,19 +1,5 @@
-"""FlexAttention's device check accepts neuron (torch releases that reject it).
-
-``torch.nn.attention.flex_attention.flex_attention`` checks the query's device
-against a fixed set (``_validate_device``: cuda, cpu, xpu, hpu, mps in torch
-2.13) before doing anything else, eager or under ``torch.compile``, and no
-registration API extends that set. Everything behind the check works for
-neuron: the eager path runs the HOP's math implementation on neuron tensors,
-and Inductor lowers the HOP through flex.py.
-
-The step replaces the module's ``_validate_device`` with one that accepts
-neuron (forward and backward, as on CUDA) and defers to torch's check for
-every other device. It is applied only while torch's own check rejects
-neuron (probed, not version-matched), so it retires itself when upstream
-accepts PrivateUse1 devices. tests/test_flex_attention.py::test_validate_device_step
-fails if the step is removed while torch still needs it.
-"""
+"""FlexAttention's device check accepts neuron, while torch's rejects it
+(docs/compile.md, "FlexAttention")."""
 from __future__ import annotations
 
 import functools

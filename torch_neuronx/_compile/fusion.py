@@ -1,18 +1,5 @@
-"""``loop_reindexing_after_fusion`` off while a neuron graph is scheduled.
-
-The scheduler's step that reindexes a pointwise loop to a reduction's
-iteration groups (``Scheduler._try_reindex_pointwise_for_reduction``, added by
-pytorch/pytorch#176927) assumes Triton's ``(numel, rnumel)`` groups and raises
-a ``TypeError`` on C++ kernels' groups; it skips nodes on ``cpu``, not other
-devices whose kernels are generated as C++.
-
-The flag is switched off (``config.patch``) only from the creation of a neuron
-graph's top-level wrapper, just before Inductor builds the graph's scheduler
-(``GraphLowering.codegen``), until that wrapper has generated its code: the
-scheduler's fusion and any subgraph's run inside that span; CPU and GPU graphs
-keep the user's value. (A neuron compile that raises in between leaves the
-flag off for the rest of the process, as it was before this scoping.)
-"""
+"""``loop_reindexing_after_fusion`` off while a neuron graph is scheduled
+(docs/compile.md, "The levers")."""
 from __future__ import annotations
 
 import functools
@@ -39,6 +26,10 @@ def reindexing_raises_on_cpp_groups() -> bool:
 
 
 def enter_neuron_graph() -> None:
+    # Off from the creation of a neuron graph's top-level wrapper (just before
+    # Inductor builds the scheduler) until it has generated its code; CPU and
+    # GPU graphs keep the user's value. (A neuron compile that raises in
+    # between leaves the flag off for the rest of the process.)
     from torch._inductor import config
 
     if reindexing_raises_on_cpp_groups():

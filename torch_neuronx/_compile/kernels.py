@@ -1,20 +1,6 @@
-"""Asynchronous launch of Inductor's C++ kernels in neuron graphs.
-
-Inductor calls each C++ kernel of a graph's Python wrapper through a small
-Python binding compiled with the kernel (``CppPythonBindingsCodeCache``): it
-parses the arguments and calls the kernel on the spot. Neuron graphs get a
-binding of their own, built through the same code cache and compiler: it
-parses the arguments on the caller (raw pointers of the tensors, sizes) into
-a closure and queues that on the current stream of the tensors' device
-(``launch_compiled_kernel`` in csrc/python/CompiledKernels.cpp), so the
-wrapper runs ahead while the kernels execute, as an eager program does.
-The kernel holds its tensors' storages until it has run.
-
-The binding is Inductor's, with its own call step and one more optional
-argument, the kernel's name, for the profiler. A kernel without neuron
-tensors (a host kernel of a mixed graph) runs at once. The binding asks
-``torch_neuronx._C`` for the launcher's address on its first call.
-"""
+"""Asynchronous launch of Inductor's C++ kernels in neuron graphs: Inductor's
+kernel binding with a call step that queues the kernel on the current stream
+of its tensors' device (docs/compile.md, "What the lowering does")."""
 from __future__ import annotations
 
 import textwrap

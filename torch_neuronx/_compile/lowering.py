@@ -1,13 +1,5 @@
-"""Neuron lowerings chained in front of whatever is registered.
-
-Inductor tries ``torch._inductor.lowering.user_lowerings[op]`` (the table
-custom-op lowerings use) before its own lowering and falls back to that when
-it returns ``None``. The table holds one function per op, so writing into it
-would drop another package's lowering of the same op. ``chain`` wraps the
-entry present at install time: the neuron lowering runs first and returns
-``None`` for other devices, and the previous entry (if any) then runs as
-before, so CPU and GPU graphs see exactly what they saw without torch_neuronx.
-"""
+"""Neuron lowerings chained in front of whatever
+``torch._inductor.lowering.user_lowerings`` holds (docs/compile.md, "The levers")."""
 from __future__ import annotations
 
 
