@@ -30,6 +30,7 @@ See docs/hf_coverage.md for verdict meanings and tolerances.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures as cf
 import copy
 import json
@@ -124,14 +125,8 @@ def _compile_config(device_type: str, args):
         )
         cc._compile_all_devices = True  # noqa: SLF001 - documented testing hook in transformers
         return cc
-    if args.compile_backend or args.compile_mode:
-        kw = {}
-        if args.compile_backend:
-            kw["backend"] = args.compile_backend
-        if args.compile_mode:
-            kw["mode"] = args.compile_mode
-        return CompileConfig(**kw)
-    return None
+    kw = {k: v for k, v in (("backend", args.compile_backend), ("mode", args.compile_mode)) if v}
+    return CompileConfig(**kw) if kw else None
 
 
 def run_generate(model, ids, mask, pad, variant: str, device: str, args) -> dict:
@@ -157,18 +152,10 @@ def run_generate(model, ids, mask, pad, variant: str, device: str, args) -> dict
         eos_token_id=None,  # never stop early: always N steps to compare
         use_cache=True,
     )
-    if variant == "eager":
-        gc.cache_implementation = None
-        gc.disable_compile = True
-    elif variant == "static":
-        gc.cache_implementation = "static"
-        gc.disable_compile = True
-    elif variant == "compiled":
-        gc.cache_implementation = "static"
-        gc.disable_compile = False
+    gc.cache_implementation = None if variant == "eager" else "static"
+    gc.disable_compile = variant != "compiled"
+    if variant == "compiled":
         gc.compile_config = _compile_config(dev.type, args)
-    else:
-        raise ValueError(variant)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), generation_config=gc)
@@ -240,30 +227,6 @@ def compare(ref: dict, tgt: dict, device_type: str, atol: float, rtol: float) ->
     return {**res, "status": PASS, "reason": ""}
 
 
-def _fallback_hooks(device_type: str):
-    """(reset, report) callables from torch_neuronx if it exposes a fallback report."""
-    if device_type == "cpu":
-        return None, None
-    try:
-        import torch_neuronx  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return None, None
-    mod = sys.modules["torch_neuronx"]
-    reset = getattr(mod, "reset_fallback_report", None)
-    report = getattr(mod, "fallback_report", None)
-    return (reset if callable(reset) else None), (report if callable(report) else None)
-
-
-def _merge_counts(acc: dict, new: Any) -> dict:
-    if isinstance(new, dict):
-        for k, v in new.items():
-            try:
-                acc[str(k)] = acc.get(str(k), 0) + int(v)
-            except (TypeError, ValueError):
-                acc[str(k)] = acc.get(str(k), 0) + 1
-    return acc
-
-
 def worker(arch: str, args, checkpoint=lambda result: None) -> dict:
     """Run all variants for one architecture. ``checkpoint(result)`` is called with the
     partial result before every risky step so that a hard crash keeps what finished."""
@@ -279,14 +242,16 @@ def worker(arch: str, args, checkpoint=lambda result: None) -> dict:
 
     device = args.device
     device_type = torch.device(device).type
+    reset_fb = report_fb = None  # torch_neuronx's fallback report: {op: calls}
     if device_type != "cpu":
         try:
-            import torch_neuronx  # noqa: F401  (registers the PrivateUse1 "neuron" device)
+            import torch_neuronx  # registers the PrivateUse1 "neuron" device
+
+            reset_fb, report_fb = torch_neuronx.reset_fallback_report, torch_neuronx.fallback_report
         except Exception as e:  # noqa: BLE001
             if device_type == "neuron":
                 result.update(verdict=CRASH, reason=f"import torch_neuronx failed: {_short(e)}")
                 return result
-    reset_fb, report_fb = _fallback_hooks(device_type)
     result["fallback_report_available"] = report_fb is not None
 
     # ---- build ------------------------------------------------------------------
@@ -309,7 +274,7 @@ def worker(arch: str, args, checkpoint=lambda result: None) -> dict:
     ids, mask, pad = make_inputs(cfg, args.seed)
 
     ref_cache: dict[str, Any] = {}
-    fb_total: dict[str, int] = {}
+    fb_total: collections.Counter = collections.Counter()
 
     def reference(variant: str):
         key = "eager" if variant == "eager" else "static"  # (c) is checked against cpu eager+static
@@ -342,17 +307,13 @@ def worker(arch: str, args, checkpoint=lambda result: None) -> dict:
                 reset_fb()
             tgt = run_generate(m, ids, mask, pad, variant, device, args)
             if report_fb:
-                fb = report_fb() or {}
-                v["fallback_ops"] = _merge_counts({}, fb)
-                _merge_counts(fb_total, fb)
+                v["fallback_ops"] = report_fb()
+                fb_total.update(v["fallback_ops"])
             del m
         except Exception as e:  # noqa: BLE001
             v.update(status=FAIL, reason=f"target error: {_short(e)}", traceback=traceback.format_exc()[-2000:])
             if report_fb:
-                try:
-                    _merge_counts(fb_total, report_fb() or {})
-                except Exception:  # noqa: BLE001
-                    pass
+                fb_total.update(report_fb())
             continue
         v["target_seconds"] = tgt["seconds"]
         v["compiled"] = tgt["compiled"]
@@ -464,12 +425,10 @@ def _run_one(arch: str, args, log_dir: str, threads: int) -> dict:
 def _forward_args(args) -> list[str]:
     out = ["--device", args.device, "--max-new-tokens", str(args.max_new_tokens), "--variants", ",".join(args.variants),
            "--atol", repr(args.atol), "--rtol", repr(args.rtol), "--seed", str(args.seed), "--init", args.init]
-    if args.compile_backend:
-        out += ["--compile-backend", args.compile_backend]
-    if args.compile_mode:
-        out += ["--compile-mode", args.compile_mode]
-    if args.attn_implementation:
-        out += ["--attn-implementation", args.attn_implementation]
+    for flag, value in (("--compile-backend", args.compile_backend), ("--compile-mode", args.compile_mode),
+                        ("--attn-implementation", args.attn_implementation)):
+        if value:
+            out += [flag, value]
     return out
 
 
