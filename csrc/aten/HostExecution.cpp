@@ -52,20 +52,6 @@ bool is_generator_arg(const c10::Argument& arg) {
   return t->kind() == c10::TypeKind::GeneratorType;
 }
 
-// Calls fn(tensor, in_index_list) for every tensor in IValue `iv`.
-template <class F>
-void for_each_tensor(const c10::IValue& iv, F&& fn) {
-  if (iv.isTensor()) {
-    fn(iv.toTensor(), false);
-  } else if (iv.isTensorList()) {
-    for (const at::Tensor& t : iv.toTensorList()) fn(t, false);
-  } else if (iv.isOptionalTensorList()) {
-    for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
-      if (t && t->defined()) fn(*t, true);
-    }
-  }
-}
-
 // `iv` with every tensor replaced by fn(tensor).
 template <class F>
 c10::IValue map_tensors(c10::IValue iv, F&& fn) {
