@@ -36,6 +36,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward(const at::Tensor&
   return {grad_input, grad_weight, grad_bias};
 }
 
+// ---- out= forms -------------------------------------------------------------
+
+// The out= form of functional kernel `fn`, noted as op `Op`: fn's result
+// copied into `out`, which is resized as out= ops resize. kExactDtype: `out`
+// must have the result's dtype, where the copy would otherwise convert.
+template <class Op, auto fn, bool kExactDtype = false>
+struct OutOf;
+template <class Op, class... Args, at::Tensor (*fn)(Args...), bool kExactDtype>
+struct OutOf<Op, fn, kExactDtype> {
+  static at::Tensor& call(Args... args, at::Tensor& out) {
+    note_executed(Op::name);
+    at::Tensor result = fn(args...);
+    TORCH_CHECK(!kExactDtype || out.scalar_type() == result.scalar_type(), Op::name + 6 /* past "aten::" */,
+                ": expected out of dtype ", result.scalar_type(), ", got ", out.scalar_type());
+    at::native::resize_output(out, result.sizes());
+    return out.copy_(result);
+  }
+};
+
 // ---- matmuls with an output dtype (CUDA, XPU) -------------------------------
 
 // CUDA's rule: the inputs' dtype, or float32 from float16/bfloat16. The
@@ -49,59 +68,19 @@ void check_out_dtype(const char* op, const at::Tensor& a, const at::Tensor& b, a
               " for ", a.scalar_type(), " inputs");
 }
 
-void check_out(const char* op, const at::Tensor& out, at::ScalarType out_dtype) {
-  TORCH_CHECK(out.scalar_type() == out_dtype, op, ": expected out of dtype ", out_dtype, ", got ",
-              out.scalar_type());
-}
-
-at::Tensor& mm_dtype_out(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype, at::Tensor& out) {
-  check_out_dtype("mm", self, mat2, out_dtype);
-  check_out("mm", out, out_dtype);
-  return at::mm_out(out, self.to(out_dtype), mat2.to(out_dtype));
-}
-
+// mm.dtype, bmm.dtype: Op (at::_ops::mm, bmm) on the upcast inputs.
+template <class Op>
 at::Tensor mm_dtype(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype) {
-  check_out_dtype("mm", self, mat2, out_dtype);
-  return at::mm(self.to(out_dtype), mat2.to(out_dtype));
+  check_out_dtype(Op::name + 6, self, mat2, out_dtype);
+  return Op::call(self.to(out_dtype), mat2.to(out_dtype));
 }
 
-at::Tensor& bmm_dtype_out(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype, at::Tensor& out) {
-  check_out_dtype("bmm", self, mat2, out_dtype);
-  check_out("bmm", out, out_dtype);
-  return at::bmm_out(out, self.to(out_dtype), mat2.to(out_dtype));
-}
-
-at::Tensor bmm_dtype(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype) {
-  check_out_dtype("bmm", self, mat2, out_dtype);
-  return at::bmm(self.to(out_dtype), mat2.to(out_dtype));
-}
-
-at::Tensor& addmm_dtype_out(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                            at::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha,
-                            at::Tensor& out) {
-  check_out_dtype("addmm", mat1, mat2, out_dtype);
-  check_out("addmm", out, out_dtype);
-  return at::addmm_out(out, self.to(out_dtype), mat1.to(out_dtype), mat2.to(out_dtype), beta, alpha);
-}
-
+// addmm.dtype, baddbmm.dtype: Op (at::_ops::addmm, baddbmm) on the upcast inputs.
+template <class Op>
 at::Tensor addmm_dtype(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                        at::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha) {
-  check_out_dtype("addmm", mat1, mat2, out_dtype);
-  return at::addmm(self.to(out_dtype), mat1.to(out_dtype), mat2.to(out_dtype), beta, alpha);
-}
-
-at::Tensor& baddbmm_dtype_out(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
-                              at::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha,
-                              at::Tensor& out) {
-  check_out_dtype("baddbmm", batch1, batch2, out_dtype);
-  check_out("baddbmm", out, out_dtype);
-  return at::baddbmm_out(out, self.to(out_dtype), batch1.to(out_dtype), batch2.to(out_dtype), beta, alpha);
-}
-
-at::Tensor baddbmm_dtype(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
-                         at::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha) {
-  check_out_dtype("baddbmm", batch1, batch2, out_dtype);
-  return at::baddbmm(self.to(out_dtype), batch1.to(out_dtype), batch2.to(out_dtype), beta, alpha);
+  check_out_dtype(Op::name + 6, mat1, mat2, out_dtype);
+  return Op::call(self.to(out_dtype), mat1.to(out_dtype), mat2.to(out_dtype), beta, alpha);
 }
 
 // ---- _fused_rms_norm_backward (CUDA, XPU) ------------------------------------
@@ -195,44 +174,26 @@ at::Tensor conv_depthwise(const at::Tensor& self, const at::Tensor& weight, c10:
                                 self.sym_size(1));
 }
 
-at::Tensor& conv_depthwise2d_out(const at::Tensor& self, const at::Tensor& weight, c10::SymIntArrayRef kernel_size,
-                                 const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
-                                 c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, at::Tensor& out) {
-  at::Tensor result = conv_depthwise(self, weight, kernel_size, bias, stride, padding, dilation);
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
-}
-
-// ---- batch_norm_elemt.out (CUDA) ---------------------------------------------
-
-at::Tensor& batch_norm_elemt_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                 const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                 const at::Tensor& invstd, double eps, at::Tensor& out) {
-  at::Tensor result = at::batch_norm_elemt(input, weight, bias, mean, invstd, eps);
-  at::native::resize_output(out, result.sizes());
-  return out.copy_(result);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("linear_backward", &Noted<at::_ops::linear_backward, linear_backward>::call);
-  m.impl("mm.dtype", &Noted<at::_ops::mm_dtype, mm_dtype>::call);
-  m.impl("mm.dtype_out", &Noted<at::_ops::mm_dtype_out, mm_dtype_out>::call);
-  m.impl("bmm.dtype", &Noted<at::_ops::bmm_dtype, bmm_dtype>::call);
-  m.impl("bmm.dtype_out", &Noted<at::_ops::bmm_dtype_out, bmm_dtype_out>::call);
-  m.impl("addmm.dtype", &Noted<at::_ops::addmm_dtype, addmm_dtype>::call);
-  m.impl("addmm.dtype_out", &Noted<at::_ops::addmm_dtype_out, addmm_dtype_out>::call);
-  m.impl("baddbmm.dtype", &Noted<at::_ops::baddbmm_dtype, baddbmm_dtype>::call);
-  m.impl("baddbmm.dtype_out", &Noted<at::_ops::baddbmm_dtype_out, baddbmm_dtype_out>::call);
+  m.impl("mm.dtype", &Noted<at::_ops::mm_dtype, mm_dtype<at::_ops::mm>>::call);
+  m.impl("mm.dtype_out", &OutOf<at::_ops::mm_dtype_out, mm_dtype<at::_ops::mm>, true>::call);
+  m.impl("bmm.dtype", &Noted<at::_ops::bmm_dtype, mm_dtype<at::_ops::bmm>>::call);
+  m.impl("bmm.dtype_out", &OutOf<at::_ops::bmm_dtype_out, mm_dtype<at::_ops::bmm>, true>::call);
+  m.impl("addmm.dtype", &Noted<at::_ops::addmm_dtype, addmm_dtype<at::_ops::addmm>>::call);
+  m.impl("addmm.dtype_out", &OutOf<at::_ops::addmm_dtype_out, addmm_dtype<at::_ops::addmm>, true>::call);
+  m.impl("baddbmm.dtype", &Noted<at::_ops::baddbmm_dtype, addmm_dtype<at::_ops::baddbmm>>::call);
+  m.impl("baddbmm.dtype_out", &OutOf<at::_ops::baddbmm_dtype_out, addmm_dtype<at::_ops::baddbmm>, true>::call);
   m.impl("_fused_rms_norm_backward", &Noted<at::_ops::_fused_rms_norm_backward, fused_rms_norm_backward>::call);
   m.impl("_masked_scale", &Noted<at::_ops::_masked_scale, masked_scale>::call);
   m.impl("_fused_dropout", &Noted<at::_ops::_fused_dropout, fused_dropout>::call);
   m.impl("max_pool2d_backward", &Noted<at::_ops::max_pool2d_backward, max_pool2d_backward>::call);
   m.impl("_conv_depthwise2d", &Noted<at::_ops::_conv_depthwise2d, conv_depthwise>::call);
-  m.impl("_conv_depthwise2d.out", &Noted<at::_ops::_conv_depthwise2d_out, conv_depthwise2d_out>::call);
+  m.impl("_conv_depthwise2d.out", &OutOf<at::_ops::_conv_depthwise2d_out, conv_depthwise>::call);
   m.impl("conv_depthwise3d", &Noted<at::_ops::conv_depthwise3d, conv_depthwise>::call);
-  m.impl("batch_norm_elemt.out", &Noted<at::_ops::batch_norm_elemt_out, batch_norm_elemt_out>::call);
+  m.impl("batch_norm_elemt.out", &OutOf<at::_ops::batch_norm_elemt_out, at::batch_norm_elemt>::call);
 }
 
 }  // namespace at::neuron

@@ -94,31 +94,19 @@ bool queueable(const at::Tensor& t) {
 // Whether `out` shares memory with a tensor among the arguments [begin, end)
 // (tensor lists included: cat's inputs).
 bool overlaps_an_input(const at::Tensor& out, const torch::jit::Stack& stack, size_t begin, size_t end) {
-  auto overlaps = [&](const at::Tensor& t) {
-    return t.defined() && at::get_overlap_status(out, t) != at::MemOverlapStatus::No;
-  };
+  bool overlaps = false;
   for (size_t i = begin; i < end; ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor() && overlaps(v.toTensor())) return true;
-    if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (overlaps(t)) return true;
-      }
-    }
+    for_each_tensor(stack[i], [&](const at::Tensor& t, bool) {
+      overlaps = overlaps || (t.defined() && at::get_overlap_status(out, t) != at::MemOverlapStatus::No);
+    });
   }
-  return false;
+  return overlaps;
 }
 
 // The bytes of the tensors among `values` (tensor lists included).
 size_t tensor_bytes(c10::ArrayRef<c10::IValue> values) {
   size_t bytes = 0;
-  for (const c10::IValue& v : values) {
-    if (v.isTensor()) {
-      bytes += v.toTensor().nbytes();
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) bytes += t.nbytes();
-    }
-  }
+  for (const c10::IValue& v : values) for_each_tensor(v, [&](const at::Tensor& t, bool) { bytes += t.nbytes(); });
   return bytes;
 }
 
@@ -172,77 +160,44 @@ struct CallerState {
   }
 };
 
-// Runs a kernel body; a c10::Error is reported at a later synchronization
-// point, so it keeps the message, not the executor thread's C++ backtrace.
-template <typename F>
-void run_reporting(F&& body) {
-  try {
-    body();
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(e.what_without_backtrace());
-  }
-}
-
-class OpKernel final : public neuronrt::Kernel {
+// A queued kernel: `body` run with the caller's state. What the body
+// captures (host aliases of the operands and outputs, made at launch) keeps
+// the device storages alive until it has run, with the sizes and strides of
+// launch time (later metadata changes of the caller's tensors, e.g. an
+// in-place transpose_, do not reach a queued kernel).
+template <class F>
+class QueuedKernel final : public neuronrt::Kernel {
  public:
-  OpKernel(const c10::OperatorHandle& op, Mode mode, const char* name, Args args, Outs outputs)
-      : op_(op), mode_(mode), name_(name), args_(std::move(args)),
-        outputs_(std::move(outputs)), bytes_(tensor_bytes(args_)) {
-    for (const at::Tensor& o : outputs_) bytes_ += o.nbytes();
-  }
-
+  QueuedKernel(const char* name, size_t bytes, F body) : name_(name), bytes_(bytes), body_(std::move(body)) {}
   const char* name() const noexcept override { return name_; }
   size_t bytes() const noexcept override { return bytes_; }
-
-  void run() override { run_reporting([&] { execute(); }); }
-
- private:
-  void execute() {
-    caller_.apply();
-    torch::jit::Stack stack(args_);
-    if (mode_ == Mode::Out) stack.insert(stack.end(), outputs_.begin(), outputs_.end());
-    run_host_kernel(op_, &stack);
-    if (mode_ == Mode::Copy) {
-      for (size_t i = 0; i < outputs_.size(); ++i) outputs_[i].copy_(stack[i].toTensor());
+  // A c10::Error is reported at a later synchronization point, so it keeps
+  // the message, not the executor thread's C++ backtrace.
+  void run() override {
+    try {
+      caller_.apply();
+      body_();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
     }
   }
 
-  c10::OperatorHandle op_;
-  Mode mode_;
-  const char* name_;
-  CallerState caller_;
-  // Host aliases of the operands and outputs, made at launch: they keep the
-  // device storages alive until the kernel has run, and the sizes and
-  // strides of launch time (later metadata changes of the caller's tensors,
-  // e.g. an in-place transpose_, do not reach a queued kernel).
-  Args args_;
-  Outs outputs_;
-  size_t bytes_;
-};
-
-class CopyKernel final : public neuronrt::Kernel {
- public:
-  CopyKernel(const at::Tensor& src, const at::Tensor& dst, const char* name)
-      : src_(host_alias(src)), dst_(host_alias(dst)), name_(name) {}
-  const char* name() const noexcept override { return name_; }
-  size_t bytes() const noexcept override { return src_.nbytes() + dst_.nbytes(); }
-  void run() override {
-    run_reporting([&] {
-      caller_.apply();
-      dst_.copy_(src_);
-    });
-  }
-
  private:
-  at::Tensor src_, dst_;  // host aliases (see OpKernel)
   const char* name_;
+  size_t bytes_;
   CallerState caller_;
+  F body_;
 };
+
+template <class F>
+void queue(neuronrt::Stream& stream, const char* name, size_t bytes, F body) {
+  rt_call([&] { neuronrt::launch_async(stream, std::make_unique<QueuedKernel<F>>(name, bytes, std::move(body))); });
+}
 
 }  // namespace
 
 void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& stream, const char* name) {
-  rt_call([&] { neuronrt::launch_async(stream, std::make_unique<CopyKernel>(src, dst, name)); });
+  queue(stream, name, src.nbytes() + dst.nbytes(), [src = host_alias(src), dst = host_alias(dst)] { dst.copy_(src); });
 }
 
 bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
@@ -315,14 +270,22 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   for (size_t i = begin; i < outs_begin; ++i) args.push_back(map_tensors((*stack)[i], operand));
   at::Tensor self = info.mode == Mode::InPlace ? (*stack)[begin].toTensor() : at::Tensor();
   Outs host_outputs;
+  size_t bytes = tensor_bytes(args);
   if (info.mode != Mode::InPlace) {
-    for (const at::Tensor& o : outputs) host_outputs.push_back(host_alias(o));
+    for (const at::Tensor& o : outputs) {
+      host_outputs.push_back(host_alias(o));
+      bytes += o.nbytes();
+    }
   }
-  rt_call([&] {
-    neuronrt::launch_async(neuronrt::current_stream(device),
-                           std::make_unique<OpKernel>(*it->second.run, info.mode, schema.name().c_str(),
-                                                      std::move(args), std::move(host_outputs)));
-  });
+  queue(neuronrt::current_stream(device), schema.name().c_str(), bytes,
+        [op = *it->second.run, mode = info.mode, args = std::move(args), outputs = std::move(host_outputs)] {
+          torch::jit::Stack stack(args);
+          if (mode == Mode::Out) stack.insert(stack.end(), outputs.begin(), outputs.end());
+          run_host_kernel(op, &stack);
+          if (mode == Mode::Copy) {
+            for (size_t i = 0; i < outputs.size(); ++i) outputs[i].copy_(stack[i].toTensor());
+          }
+        });
 
   torch::jit::drop(*stack, num_args);
   if (info.mode == Mode::InPlace) {

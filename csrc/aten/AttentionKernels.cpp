@@ -49,8 +49,10 @@ at::ScalarType acc_type(const at::Tensor& q) {
   return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-int64_t round_up_32(int64_t n) {
-  return (n + 31) / 32 * 32;
+// The log-sum-exp the memory-efficient kernels return: [n, heads, len rounded
+// up to 32] float32, +inf where no row writes it (empty without compute).
+at::Tensor lse_buffer(int64_t n, int64_t heads, int64_t len, bool compute, const at::Tensor& q) {
+  return at::full({n, heads, compute ? (len + 31) / 32 * 32 : 0}, kInf, q.options().dtype(at::kFloat));
 }
 
 // Key/value heads shared by groups of query heads (grouped-query attention).
@@ -182,7 +184,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_efficient(
                                softmax_scale(scale, q));
   // The kernel writes [B, L, H, Ev] memory.
   at::Tensor out = at::empty({B, L, H, v.size(3)}, q.options()).transpose(1, 2).copy_(fwd.out);
-  at::Tensor lse = at::full({B, H, compute_log_sumexp ? round_up_32(L) : 0}, kInf, q.options().dtype(at::kFloat));
+  at::Tensor lse = lse_buffer(B, H, L, compute_log_sumexp, q);
   if (compute_log_sumexp) lse.narrow(2, 0, L).copy_(fwd.lse);
   auto seed = at::zeros({}, q.options().dtype(at::kLong));
   return {out, lse, seed, seed.clone()};
@@ -332,40 +334,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::Sym
   at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
   const int64_t B = q.size(0), M = q.size(1), N = k.size(1), H = q.size(2);
   at::Tensor out = at::empty({B, M, H, v.size(3)}, q.options());
-  const bool varlen = cu_seqlens_q && cu_seqlens_q->defined();
-  if (!varlen) {
+  at::Tensor lse;
+  int64_t max_q = M;
+  if (!(cu_seqlens_q && cu_seqlens_q->defined())) {
     auto fwd = attention_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, causal, sc);
     out.copy_(fwd.out.transpose(1, 2));
-    at::Tensor lse = at::full({B, H, compute_log_sumexp ? round_up_32(M) : 0}, kInf, q.options().dtype(at::kFloat));
+    lse = lse_buffer(B, H, M, compute_log_sumexp, q);
     if (compute_log_sumexp) lse.narrow(2, 0, M).copy_(fwd.lse);
-    auto seed = at::zeros({}, q.options().dtype(at::kLong));
-    const int64_t max_k = max_seqlen_k ? max_seqlen_k->guard_int(__FILE__, __LINE__) : N;
-    return {out, lse, seed, seed.clone(), c10::SymInt(M), c10::SymInt(max_k)};
-  }
-  TORCH_CHECK(cu_seqlens_k && cu_seqlens_k->defined() && max_seqlen_q, op,
-              ": cu_seqlens_q needs cu_seqlens_k and max_seqlen_q");
-  TORCH_CHECK(B == 1, op, ": packed sequences (cu_seqlens) need a batch of 1, got ", B);
-  auto cq = host_offsets(*cu_seqlens_q, "cu_seqlens_q");
-  auto ck = host_offsets(*cu_seqlens_k, "cu_seqlens_k");
-  TORCH_CHECK(cq.size() == ck.size() && cq.back() <= M && ck.back() <= N, op,
-              ": cu_seqlens_q and cu_seqlens_k must describe the same number of sequences within the inputs");
-  const int64_t max_q = max_seqlen_q->guard_int(__FILE__, __LINE__);
-  const int64_t seqs = static_cast<int64_t>(cq.size()) - 1;
-  out.zero_();
-  at::Tensor lse =
-      at::full({seqs, H, compute_log_sumexp ? round_up_32(max_q) : 0}, kInf, q.options().dtype(at::kFloat));
-  for (int64_t b = 0; b < seqs; ++b) {
-    const int64_t q0 = cq[b], lq = cq[b + 1] - cq[b], k0 = ck[b], lk = ck[b + 1] - ck[b];
-    TORCH_CHECK(lq <= max_q, op, ": a sequence of ", lq, " queries exceeds max_seqlen_q=", max_q);
-    auto fwd = attention_forward(seq_to_bhle(q[0].narrow(0, q0, lq)), seq_to_bhle(k[0].narrow(0, k0, lk)),
-                                 seq_to_bhle(v[0].narrow(0, k0, lk)),
-                                 bias.defined() ? narrow_bias(bias, q0, lq, k0, lk) : bias, causal, sc);
-    out[0].narrow(0, q0, lq).copy_(bhle_to_seq(fwd.out));
-    if (compute_log_sumexp) lse[b].narrow(1, 0, lq).copy_(fwd.lse.squeeze(0));
+  } else {
+    TORCH_CHECK(cu_seqlens_k && cu_seqlens_k->defined() && max_seqlen_q, op,
+                ": cu_seqlens_q needs cu_seqlens_k and max_seqlen_q");
+    TORCH_CHECK(B == 1, op, ": packed sequences (cu_seqlens) need a batch of 1, got ", B);
+    auto cq = host_offsets(*cu_seqlens_q, "cu_seqlens_q");
+    auto ck = host_offsets(*cu_seqlens_k, "cu_seqlens_k");
+    TORCH_CHECK(cq.size() == ck.size() && cq.back() <= M && ck.back() <= N, op,
+                ": cu_seqlens_q and cu_seqlens_k must describe the same number of sequences within the inputs");
+    max_q = max_seqlen_q->guard_int(__FILE__, __LINE__);
+    const int64_t seqs = static_cast<int64_t>(cq.size()) - 1;
+    out.zero_();
+    lse = lse_buffer(seqs, H, max_q, compute_log_sumexp, q);
+    for (int64_t b = 0; b < seqs; ++b) {
+      const int64_t q0 = cq[b], lq = cq[b + 1] - cq[b], k0 = ck[b], lk = ck[b + 1] - ck[b];
+      TORCH_CHECK(lq <= max_q, op, ": a sequence of ", lq, " queries exceeds max_seqlen_q=", max_q);
+      auto fwd = attention_forward(seq_to_bhle(q[0].narrow(0, q0, lq)), seq_to_bhle(k[0].narrow(0, k0, lk)),
+                                   seq_to_bhle(v[0].narrow(0, k0, lk)),
+                                   bias.defined() ? narrow_bias(bias, q0, lq, k0, lk) : bias, causal, sc);
+      out[0].narrow(0, q0, lq).copy_(bhle_to_seq(fwd.out));
+      if (compute_log_sumexp) lse[b].narrow(1, 0, lq).copy_(fwd.lse.squeeze(0));
+    }
   }
   auto seed = at::zeros({}, q.options().dtype(at::kLong));
-  return {out, lse, seed, seed.clone(), c10::SymInt(max_q),
-          c10::SymInt(max_seqlen_k ? max_seqlen_k->guard_int(__FILE__, __LINE__) : N)};
+  const int64_t max_k = max_seqlen_k ? max_seqlen_k->guard_int(__FILE__, __LINE__) : N;
+  return {out, lse, seed, seed.clone(), c10::SymInt(max_q), c10::SymInt(max_k)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_backward(

@@ -78,48 +78,36 @@ at::Tensor empty_on_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, con
   return at::detail::empty_strided_generic(sizes, strides, device_allocator(), keys, dtype);
 }
 
-// The functional form: the output is allocated on the device (the caller's
-// Guard selects which).
+// A structured kernel's output: functional, allocated on the device (the
+// caller's Guard selects which); in place, `self`, which the op may not
+// resize or cast.
 template <class Structured>
-struct Functional final : Structured {
+struct Outputs final : Structured {
+  explicit Outputs(const at::Tensor* self = nullptr) : self_(self) {}
   void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                           c10::TensorOptions options) override {
     set_output_raw_strided(i, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options) override {
-    outputs[i] = empty_on_device(sizes, strides, options);
+    if (!self_) {
+      outputs[i] = empty_on_device(sizes, strides, options);
+    } else {
+      TORCH_CHECK(options.dtype() == self_->dtype(), "Bad in-place call: input tensor dtype ", self_->dtype(),
+                  " and output tensor dtype ", options.dtype(), " should match");
+      TORCH_CHECK(options.device() == self_->device(), "Bad in-place call: input tensor device ", self_->device(),
+                  " and output tensor device ", options.device(), " should match");
+      TORCH_CHECK(sizes == self_->sizes(), "Bad in-place call: input tensor size ", self_->sizes(),
+                  " and output tensor size ", sizes, " should match");
+    }
     // After the output exists: TensorIterator reads it back through maybe_get_output.
     if constexpr (std::is_base_of_v<at::TensorIteratorBase, Structured>) {
       Structured::set_output_raw_strided(i, sizes, strides, options);
     }
   }
-  const at::Tensor& maybe_get_output(int64_t i) override { return outputs[i]; }
+  const at::Tensor& maybe_get_output(int64_t i) override { return self_ ? *self_ : outputs[i]; }
   std::array<at::Tensor, 1> outputs;
-};
-
-// The in-place form: the output is `self`, which the op may not resize or cast.
-template <class Structured>
-struct InPlace final : Structured {
-  explicit InPlace(const at::Tensor& self) : self_(self) {}
-  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::TensorOptions options) override {
-    set_output_raw_strided(i, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                              c10::TensorOptions options) override {
-    TORCH_CHECK(options.dtype() == self_.dtype(), "Bad in-place call: input tensor dtype ", self_.dtype(),
-                " and output tensor dtype ", options.dtype(), " should match");
-    TORCH_CHECK(options.device() == self_.device(), "Bad in-place call: input tensor device ", self_.device(),
-                " and output tensor device ", options.device(), " should match");
-    TORCH_CHECK(sizes == self_.sizes(), "Bad in-place call: input tensor size ", self_.sizes(),
-                " and output tensor size ", sizes, " should match");
-    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Structured>) {
-      Structured::set_output_raw_strided(i, sizes, strides, options);
-    }
-  }
-  const at::Tensor& maybe_get_output(int64_t) override { return self_; }
-  const at::Tensor& self_;
+  const at::Tensor* self_;
 };
 
 // ---- when the direct path applies --------------------------------------------
@@ -230,18 +218,14 @@ std::conditional_t<std::is_const_v<Self>, at::Tensor, at::Tensor&> binary(Self& 
   const at::Tensor b = binary_operand(self, other, kToFloat);
   auto* stream = b.defined() ? caller_stream(self, bytes_of(self) + bytes_of(b)) : nullptr;
   if (!stream) return host_path<Op>(self, other, extra...);
+  AllocationContext context;
+  Guard guard(self);
+  Outputs<Structured> op(std::is_const_v<Self> ? nullptr : &self);
+  op.meta(self, b, extra...);
+  launch(*stream, Op::name, [&] { op.impl(self, b, extra..., op.maybe_get_output(0)); });
   if constexpr (std::is_const_v<Self>) {
-    AllocationContext context;
-    Guard guard(self);
-    Functional<Structured> op;
-    op.meta(self, b, extra...);
-    launch(*stream, Op::name, [&] { op.impl(self, b, extra..., op.outputs[0]); });
     return std::move(op.outputs[0]);
   } else {
-    Guard guard(self);
-    InPlace<Structured> op(self);
-    op.meta(self, b, extra...);
-    launch(*stream, Op::name, [&] { op.impl(self, b, extra..., self); });
     return self;
   }
 }
@@ -311,7 +295,7 @@ at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dim, bool kee
   }
   AllocationContext context;
   Guard guard(self);
-  Functional<at::native::structured_sum_out> op;
+  Outputs<at::native::structured_sum_out> op;
   op.meta(self, dim, keepdim, dtype);
   launch(*stream, "aten::sum", [&] { op.impl(self, dim, keepdim, dtype, op.outputs[0]); });
   return std::move(op.outputs[0]);
@@ -352,7 +336,7 @@ at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tenso
   auto& stream = stream_of(self);
   AllocationContext context;
   Guard guard(self);
-  Functional<at::native::structured_index_out> op;
+  Outputs<at::native::structured_index_out> op;
   auto precompute = op.meta(self, at::IOptTensorListRef(indices));
   launch(stream, "aten::index", [&] { op.impl(self, precompute.sizes, precompute.strides, op.outputs[0]); });
   return std::move(op.outputs[0]);

@@ -34,6 +34,15 @@ c10::DataPtr borrow(c10::StorageImpl* owner, c10::Device device) {
   return c10::DataPtr(owner->mutable_data(), owner, &release_storage_ref, device);
 }
 
+// A CPU storage over the bytes of device storage `orig`, keeping it alive.
+// `resizable`: a kernel may resize it (an out= argument), from the CPU
+// allocator, i.e. from HBM while staging.
+c10::Storage host_storage(c10::StorageImpl* orig, bool resizable) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), orig->nbytes(), borrow(orig, c10::Device(c10::kCPU)),
+      resizable ? c10::GetCPUAllocator() : nullptr, resizable));
+}
+
 bool is_neuron(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
 
 at::Tensor make_like(c10::Storage storage, c10::DispatchKey key, const at::Tensor& meta) {
@@ -50,20 +59,6 @@ bool is_generator_arg(const c10::Argument& arg) {
   auto t = arg.type();
   if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
   return t->kind() == c10::TypeKind::GeneratorType;
-}
-
-// Calls fn(tensor, in_index_list) for every tensor in IValue `iv`.
-template <class F>
-void for_each_tensor(const c10::IValue& iv, F&& fn) {
-  if (iv.isTensor()) {
-    fn(iv.toTensor(), false);
-  } else if (iv.isTensorList()) {
-    for (const at::Tensor& t : iv.toTensorList()) fn(t, false);
-  } else if (iv.isOptionalTensorList()) {
-    for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
-      if (t && t->defined()) fn(*t, true);
-    }
-  }
 }
 
 // `iv` with every tensor replaced by fn(tensor).
@@ -204,13 +199,7 @@ class HostCall {
     if (!is_neuron(t)) return t;
     c10::StorageImpl* orig = t.storage().unsafeGetStorageImpl();
     Alias* a = alias_of(orig);
-    if (!a) {
-      // Resizable: a kernel may resize its out= argument (from HBM, staged).
-      auto impl = c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), orig->nbytes(), borrow(orig, c10::Device(c10::kCPU)),
-          c10::GetCPUAllocator(), /*resizable=*/true);
-      a = &aliases_.emplace_back(Alias{orig, c10::Storage(std::move(impl)), orig->data()});
-    }
+    if (!a) a = &aliases_.emplace_back(Alias{orig, host_storage(orig, /*resizable=*/true), orig->data()});
     at::Tensor host = make_like(a->alias, c10::DispatchKey::CPU, t);
     args_.emplace_back(host, t);
     return host;
@@ -340,10 +329,7 @@ class HostCall {
 
 at::Tensor host_alias(const at::Tensor& t) {
   if (!is_neuron(t)) return t;
-  c10::StorageImpl* orig = t.storage().unsafeGetStorageImpl();
-  c10::Storage alias(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), orig->nbytes(),
-                                                           borrow(orig, c10::Device(c10::kCPU)), nullptr, false));
-  return make_like(std::move(alias), c10::DispatchKey::CPU, t);
+  return make_like(host_storage(t.storage().unsafeGetStorageImpl(), /*resizable=*/false), c10::DispatchKey::CPU, t);
 }
 
 std::vector<c10::IValue> host_call(const char* name, const char* overload, std::vector<c10::IValue> args) {

@@ -62,6 +62,21 @@ at::Tensor host_alias(const at::Tensor& t);
 // the results (neuron tensors where the op produced tensors).
 std::vector<c10::IValue> host_call(const char* name, const char* overload, std::vector<c10::IValue> args);
 
+// Calls fn(tensor, in_index_list) for every tensor in IValue `iv` (a tensor
+// or a list of tensors or of optional tensors, as index's indices).
+template <class F>
+void for_each_tensor(const c10::IValue& iv, F&& fn) {
+  if (iv.isTensor()) {
+    fn(iv.toTensor(), false);
+  } else if (iv.isTensorList()) {
+    for (const at::Tensor& t : iv.toTensorList()) fn(t, false);
+  } else if (iv.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
+      if (t && t->defined()) fn(*t, true);
+    }
+  }
+}
+
 // Unsupported dtypes (complex, quantized) raise TypeError.
 void check_supported_dtype(c10::ScalarType dtype);
 

@@ -176,17 +176,16 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const bool checked = self.scalar_type() == dst.scalar_type() ||
                        (!c10::isBitsType(self.scalar_type()) && !c10::isBitsType(dst.scalar_type()) &&
                         !(self.is_complex() && !dst.is_complex()));
+  // "Memcpy" names read as copies in the profiler (kineto's GPU_MEMCPY).
+  const char* name = !self.is_privateuseone() ? "Memcpy HtoD" : !dst.is_privateuseone() ? "Memcpy DtoH" : "Memcpy DtoD";
   if (checked && ((self.is_privateuseone() && dst.is_privateuseone()) || pinned)) {
-    const char* name = !self.is_privateuseone() ? "Memcpy HtoD" : !dst.is_privateuseone() ? "Memcpy DtoH" : "Memcpy DtoD";
     copy_async(self, dst, stream, name);
     return dst;
   }
   at::Tensor src_h = host_alias(self);
   at::Tensor dst_h = host_alias(dst);
-  // "Memcpy" names read as copies in the profiler (kineto's GPU_MEMCPY).
-  const char* kind = !self.is_privateuseone() ? "Memcpy HtoD" : !dst.is_privateuseone() ? "Memcpy DtoH" : "Memcpy DtoD";
   auto body = [&] { dst_h.copy_(src_h, non_blocking); };
-  rt_call([&] { stream.launch(std::ref(body), kind); });
+  rt_call([&] { stream.launch(std::ref(body), name); });
   return dst;
 }
 
@@ -268,17 +267,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // neg and zero bits. Left to the Conjugate/Negative/ZeroTensor fallbacks, it
 // would materialize its source with clone(), i.e. copy_(), i.e. _copy_from
 // again: unbounded recursion. (copy_ and clone fall through for the same reason.)
-TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+static void copies_fall_through(torch::Library& m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
-TORCH_LIBRARY_IMPL(aten, Negative, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
-}
-TORCH_LIBRARY_IMPL(aten, ZeroTensor, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
-}
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { copies_fall_through(m); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { copies_fall_through(m); }
+TORCH_LIBRARY_IMPL(aten, ZeroTensor, m) { copies_fall_through(m); }
 
 }  // namespace at::neuron

@@ -38,11 +38,13 @@ std::vector<int64_t> reduce_dims(const at::Tensor& input) {
   return dims;
 }
 
-// [C] -> [1, C, 1, ...]: broadcasts a per-channel vector against the input.
-at::Tensor per_channel(const at::Tensor& v, const at::Tensor& input) {
+// [C] -> [1, C, 1, ...] in the input's accumulate type: a per-channel vector
+// (checked to be one) broadcast against the input.
+at::Tensor per_channel(const at::Tensor& v, const at::Tensor& input, const char* op, const char* name) {
+  check_per_channel(v, input.size(1), op, name);
   std::vector<int64_t> shape(input.dim(), 1);
   shape[1] = v.size(0);
-  return v.reshape(shape);
+  return v.to(acc_type(input)).reshape(shape);
 }
 
 // 1 / sqrt(var + eps), and 0 where both are 0 (as the CUDA kernels).
@@ -115,38 +117,30 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_gather_stats(const at::Tensor& /*i
 at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd,
                             double eps) {
-  check_input(input, "batch_norm_elemt");
-  const int64_t channels = input.size(1);
-  check_per_channel(mean, channels, "batch_norm_elemt", "mean");
-  check_per_channel(invstd, channels, "batch_norm_elemt", "invstd");
+  constexpr const char* op = "batch_norm_elemt";
+  check_input(input, op);
   (void)eps;  // invstd already holds it
-  const auto acc = acc_type(input);
-  at::Tensor out = (input.to(acc) - per_channel(mean.to(acc), input)) * per_channel(invstd.to(acc), input);
-  if (weight && weight->defined()) {
-    check_per_channel(*weight, channels, "batch_norm_elemt", "weight");
-    out = out * per_channel(weight->to(acc), input);
-  }
-  if (bias && bias->defined()) {
-    check_per_channel(*bias, channels, "batch_norm_elemt", "bias");
-    out = out + per_channel(bias->to(acc), input);
-  }
+  at::Tensor centered = input.to(acc_type(input)) - per_channel(mean, input, op, "mean");
+  at::Tensor out = centered * per_channel(invstd, input, op, "invstd");
+  if (weight && weight->defined()) out = out * per_channel(*weight, input, op, "weight");
+  if (bias && bias->defined()) out = out + per_channel(*bias, input, op, "bias");
   return out.to(input.scalar_type()).contiguous(input.suggest_memory_format());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_reduce(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
     const std::optional<at::Tensor>& weight, bool input_g, bool weight_g, bool bias_g) {
-  check_input(input, "batch_norm_backward_reduce");
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "batch_norm_backward_reduce: grad_out ", grad_out.sizes(),
-              " and input ", input.sizes(), " differ in shape");
-  const int64_t channels = input.size(1);
-  check_per_channel(mean, channels, "batch_norm_backward_reduce", "mean");
-  check_per_channel(invstd, channels, "batch_norm_backward_reduce", "invstd");
+  constexpr const char* op = "batch_norm_backward_reduce";
+  check_input(input, op);
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out ", grad_out.sizes(), " and input ", input.sizes(),
+              " differ in shape");
+  at::Tensor mu = per_channel(mean, input, op, "mean");
+  check_per_channel(invstd, input.size(1), op, "invstd");
   const auto acc = acc_type(input);
   const auto dims = reduce_dims(input);
   at::Tensor dy = grad_out.to(acc);
   at::Tensor sum_dy = dy.sum(dims);
-  at::Tensor sum_dy_xmu = (dy * (input.to(acc) - per_channel(mean.to(acc), input))).sum(dims);
+  at::Tensor sum_dy_xmu = (dy * (input.to(acc) - mu)).sum(dims);
   // grad_weight/grad_bias in the weight's dtype (the input's without one).
   const auto param_type = weight && weight->defined() ? weight->scalar_type() : input.scalar_type();
   at::Tensor grad_weight = weight_g ? (sum_dy_xmu * invstd.to(acc)).to(param_type) : at::Tensor();
@@ -159,28 +153,23 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
                                      const at::Tensor& invstd, const std::optional<at::Tensor>& weight,
                                      const at::Tensor& sum_dy, const at::Tensor& sum_dy_xmu,
                                      const at::Tensor& count) {
-  check_input(input, "batch_norm_backward_elemt");
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "batch_norm_backward_elemt: grad_out ", grad_out.sizes(),
-              " and input ", input.sizes(), " differ in shape");
-  const int64_t channels = input.size(1);
-  for (const auto& [t, name] : {std::pair{&mean, "mean"}, {&invstd, "invstd"}, {&sum_dy, "sum_dy"},
-                                {&sum_dy_xmu, "sum_dy_xmu"}}) {
-    check_per_channel(*t, channels, "batch_norm_backward_elemt", name);
-  }
-  TORCH_CHECK(count.numel() > 0, "batch_norm_backward_elemt: count must hold every rank's element count, got ",
-              count.sizes());
+  constexpr const char* op = "batch_norm_backward_elemt";
+  check_input(input, op);
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out ", grad_out.sizes(), " and input ", input.sizes(),
+              " differ in shape");
+  at::Tensor mu = per_channel(mean, input, op, "mean");
+  at::Tensor istd = per_channel(invstd, input, op, "invstd");
+  at::Tensor dy = per_channel(sum_dy, input, op, "sum_dy");
+  at::Tensor dy_xmu = per_channel(sum_dy_xmu, input, op, "sum_dy_xmu");
+  TORCH_CHECK(count.numel() > 0, op, ": count must hold every rank's element count, got ", count.sizes());
   const auto acc = acc_type(input);
   // The global element count per channel: the sum of every rank's count.
   at::Tensor norm = count.to(acc).sum().reciprocal();
-  at::Tensor istd = per_channel(invstd.to(acc), input);
-  at::Tensor mean_dy = per_channel(sum_dy.to(acc), input) * norm;
-  at::Tensor mean_dy_xmu = per_channel(sum_dy_xmu.to(acc), input) * norm;
-  at::Tensor xmu = input.to(acc) - per_channel(mean.to(acc), input);
+  at::Tensor mean_dy = dy * norm;
+  at::Tensor mean_dy_xmu = dy_xmu * norm;
+  at::Tensor xmu = input.to(acc) - mu;
   at::Tensor grad = (grad_out.to(acc) - mean_dy - xmu * istd.square() * mean_dy_xmu) * istd;
-  if (weight && weight->defined()) {
-    check_per_channel(*weight, channels, "batch_norm_backward_elemt", "weight");
-    grad = grad * per_channel(weight->to(acc), input);
-  }
+  if (weight && weight->defined()) grad = grad * per_channel(*weight, input, op, "weight");
   return grad.to(input.scalar_type()).contiguous(input.suggest_memory_format());
 }
 

@@ -183,13 +183,12 @@ py::dict snapshot() {
   py::list segments;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
-    const Frames& frames = block_frames[i];
     py::dict block;
     block["address"] = b.address;
     block["size"] = b.size;
     block["requested_size"] = b.in_use ? b.requested : 0;
     block["state"] = b.in_use ? "active_allocated" : "inactive";
-    block["frames"] = frames_list(frames);
+    block["frames"] = frames_list(block_frames[i]);
     py::dict seg;
     seg["device"] = b.device;
     seg["address"] = b.address;

@@ -26,19 +26,6 @@ void register_compiled_kernels(py::module& m);  // CompiledKernels.cpp
 
 namespace {
 
-PyObject* default_generator(c10::DeviceIndex index) {
-  return THPGenerator_initDefaultGenerator(at::neuron::default_generator(index));
-}
-
-// Python context manager around StagingScope.
-struct Staging {
-  explicit Staging(int device) : device(device) {}
-  void enter() { scope = std::make_unique<at::neuron::StagingScope>(static_cast<c10::DeviceIndex>(device)); }
-  void exit() { scope.reset(); }
-  int device;
-  std::unique_ptr<at::neuron::StagingScope> scope;
-};
-
 // Called at interpreter exit (atexit, before finalization). The autograd
 // engine's neuron device threads finish a backward after waking its caller
 // and drop their GraphTask only then; if that last reference frees a tensor
@@ -94,7 +81,6 @@ PYBIND11_MODULE(_C, m) {
       "The route table per overload: (op, direct, queued, checks_data, random) (csrc/aten/Routes.h).");
   m.def("_fallback_counts", &at::neuron::fallback_counts);
   m.def("_gemv_calls", &at::neuron::gemv_calls, "matmuls run by the runtime's GEMV kernel (DeviceKernels.cpp)");
-  m.def("_gemv_isa", &neuronrt::gemv_isa, "the GEMV kernel build in use: avx512, avx2 or generic");
   m.def("_parallel_splits", &neuronrt::parallel_splits, "kernels split across the runtime's workers (Workers.h)");
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);
   m.def("_executed_ops", &at::neuron::executed_ops, "ops that ran a neuron kernel (OpTracking.h)");
@@ -114,7 +100,6 @@ PYBIND11_MODULE(_C, m) {
     // torch::utils::device_lazy_init, as for CUDA.
     torch::utils::register_fork_handler_for_device_init(at::kPrivateUse1);
   });
-  m.def("_is_initialized", [] { return neuronrt::is_initialized(); });
   m.def("_in_bad_fork", [] { return neuronrt::in_bad_fork(); });
   m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
   m.def("_launch_blocking", [] { return neuronrt::launch_blocking(); });
@@ -144,7 +129,8 @@ PYBIND11_MODULE(_C, m) {
     at::neuron::set_rng_mode(mode == "cpu" ? at::neuron::RngMode::Cpu : at::neuron::RngMode::Philox);
   });
   m.def("_default_generator", [](int index) {
-    return py::reinterpret_steal<py::object>(default_generator(static_cast<c10::DeviceIndex>(index)));
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(at::neuron::default_generator(static_cast<c10::DeviceIndex>(index))));
   });
   // Compiled host code (torch.compile backend "neuron") runs on aliases of
   // device memory and allocates its outputs in HBM.
@@ -166,10 +152,6 @@ PYBIND11_MODULE(_C, m) {
     });
     return result;
   }, py::arg("device"), py::arg("fn"), py::arg("name") = "compiled_graph");
-  py::class_<Staging>(m, "_Staging")
-      .def(py::init<int>())
-      .def("__enter__", &Staging::enter)
-      .def("__exit__", [](Staging& s, py::args) { s.exit(); });
   // torch.neuron.caching_allocator_alloc/delete: raw device memory.
   m.def("_caching_allocator_alloc", [](size_t size, int device) {
     return reinterpret_cast<uintptr_t>(at::neuron::rt_call([&] { return neuronrt::malloc(device, size); }));
