@@ -478,6 +478,22 @@ for _n in ("sum", "max", "min", "mean", "var", "prod", "all"):
     unit(f"nl.{_n}", ALL, values="small" if _n == "prod" else "any")(_nl_reduction(_n))
 
 
+def _nl_reduction_other_axes(name):
+    # The partition axis, a non-trailing free axis, both, and trailing axes
+    # of a view with gaps: the reduced axes moved last (docs/nki.md).
+    def body(a):
+        f = getattr(nl, name)
+        x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+        return (f(a, axis=0, keepdims=True), f(x, axis=1, keepdims=True, dtype=nl.float32), f(x, axis=(0, 2)),
+                f(x[:, :, 1:], axis=(1, 2)), f(x, axis=(0, 1, 2), keepdims=True))
+    return body
+
+
+for _n in ("sum", "max", "min", "mean", "var", "prod", "all"):
+    unit(f"nl.{_n}[other axes]", ALL, values="small" if _n == "prod" else "any",
+         shapes=[(1, 8), (64, 34), (128, 130)])(_nl_reduction_other_axes(_n))
+
+
 @unit("nl.softmax", ALL, tol=True)
 def _nl_softmax(a):
     return nl.softmax(a, axis=1)
@@ -504,6 +520,14 @@ def _nl_rms_norm_3d(a, b):
     x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
     w = b[0:1, :].reshape((1, 2, a.shape[1] // 2))
     return nl.rms_norm(x, w, axis=(1, 2), n=a.shape[1]), nl.rms_norm(x, w, axis=2, n=a.shape[1] // 2)
+
+
+@unit("nl.rms_norm[other axes]", ALL, nin=2, shapes=[(1, 8), (64, 34), (128, 130)])
+def _nl_rms_norm_other_axes(a, b):
+    x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+    w = b[0:1, :].reshape((1, 2, a.shape[1] // 2))
+    return (nl.rms_norm(a, b[:, 0:1], axis=0, n=a.shape[0]), nl.rms_norm(x, w, axis=1, n=2),
+            nl.rms_norm(x, b[:, 0:2].reshape((a.shape[0], 2, 1)), axis=(0, 2), n=a.shape[1]))
 
 
 @unit("nl.where", ALL, nin=2)
