@@ -646,6 +646,8 @@ def transpose(x, dtype=None, **kw):
 def where(condition, x, y, dtype=None, **kw):
     instr = "nki.language.where"
     ts = _tensors(condition, x, y)
+    if not ts:
+        fail(instr, "condition", "condition, x or y must be a tile (it gives the result's shape)")
     for t in ts:
         _checks.tile(instr, "operand", t)
     shape = _broadcast_shape(instr, ts)
@@ -673,7 +675,7 @@ def where(condition, x, y, dtype=None, **kw):
 def _wide_ints(x, y):
     """Two integers, one of them past fp32's exact range (the interpreter's
     torch.where gives an int64 tile)."""
-    return builtins.all(isinstance(v, int) and abs(v) < 2 ** 53 for v in (x, y)) and \
+    return builtins.all(isinstance(v, int) and -2 ** 63 <= v < 2 ** 63 for v in (x, y)) and \
         not builtins.all(abs(v) <= 2 ** 24 for v in (x, y))
 
 
@@ -683,10 +685,18 @@ def _where_ints_ir(out, cond, x, y):
     temporary), then ``(m & (x ^ y)) ^ y`` in int64 (bitvector records),
     stored with copy_'s wrapping as the interpreter's int64 result is."""
     m = _temp(out.shape, int32)
+    # The store keeps the low 32 bits, and the bitwise ops commute with that:
+    # x and y taken modulo 2^32 first (past 2^53 too, as exact immediates).
+    x, y = (_wrapped(v, out.dtype) for v in (x, y))
     return ("seq", {"parts": [
         ("select", {"dst": m, "cond": cond, "x": -1, "y": 0}),
         ("bits", {"dst": out, "data": m, "op0": OPS["bitwise_and"], "operand0": x ^ y, "reverse0": False,
                   "op1": OPS["bitwise_xor"], "operand1": y, "reverse1": False, "form": 1})]})
+
+
+def _wrapped(v, dtype):
+    """The int64 number ``v`` as a store into ``dtype`` converts it (copy_)."""
+    return torch.tensor(v, dtype=torch.int64).to(dtype).item()
 
 
 def _where_const_ir(out, v, both, shape):
@@ -812,6 +822,10 @@ def while_loop(cond_fun, body_fun, init_val, max_iterations=1 << 20, **kw):
             val = body_fun(val)
             c = cond_fun(val)
         return val
+    if type(max_iterations) is not int or not 0 <= max_iterations < 1 << 62:
+        # (a device loop counts its iterations in int64 on the executor)
+        fail("nki.language.while_loop", "max_iterations",
+             f"expected an integer in [0, 2**62) for a device loop, got {max_iterations!r}")
     tr = _trace.current("nki.language.while_loop")
     # ``c`` was recorded in the parent program (the first test); trace the
     # body and the re-test once, into the loop's own instruction list.
