@@ -822,15 +822,19 @@ def _bn_aggr_ir(dst, data):
     k = math.prod(data.shape[1:]) // _BN_SLOTS
     if dst.ndim != 2 or dst.shape[0] > 128:
         return None
+    gather = []
     if data.ndim != 2:  # free dims in row-major order: one row of 6k values
         if data.strides[1:] != _contiguous_strides(data.shape[1:]):
-            return None
-        data = NkiTensor(data.storage, (data.shape[0], k * _BN_SLOTS), (data.strides[0], 1), data.offset,
-                         _check=False)
+            # (a permuted view: the interpreter's reshape copies it in logical order, so does this copy)
+            flat = _temp((data.shape[0], k * _BN_SLOTS))
+            gather, data = [("copy", {"dst": flat, "src": data})], flat
+        else:
+            data = NkiTensor(data.storage, (data.shape[0], k * _BN_SLOTS), (data.strides[0], 1), data.offset,
+                             _check=False)
     P = data.shape[0]
     total, s1, mu, q, var = (_temp((P, 1)) for _ in range(5))
     n, mean, m2, nm, dv, e = (_temp((P, k)) for _ in range(6))
-    return ("seq", {"parts": [
+    return ("seq", {"parts": gather + [
         ("copy", {"dst": n, "src": _column(data, 0, k, _BN_SLOTS)}),
         ("copy", {"dst": mean, "src": _column(data, 1, k, _BN_SLOTS)}),
         ("copy", {"dst": m2, "src": _column(data, 2, k, _BN_SLOTS)}),
@@ -986,7 +990,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res)
     ir = None
-    y = _row_temp(on_true)
+    y = _row_temp(on_true, materialize=True)  # (a maximum: any order of the rows gives it)
     if y is not None and predicate.shape[0] == on_true.shape[0] == dst.shape[0]:
         other = on_false if not isinstance(on_false, NkiTensor) else NkiTensor(
             on_false.storage, y.shape, (on_false.strides[0],) + (0,) * (y.ndim - 1), on_false.offset, _check=False)

@@ -240,7 +240,12 @@ def _broadcast_register_reductions(a, b):
                               operand1=b, reduce_op=nl.add, reduce_res=d[:, F + 3:F + 4])
     nisa.activation(dst=d[:, :F], op=nl.square, data=x, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.load_reduce,
                     reduce_res=d[:, F + 4:F + 5])
-    return d
+    pred = _like(a, nl.uint8, (P, 2, F // 2))
+    nisa.tensor_scalar(dst=pred, data=b.reshape((P, 2, F // 2)), op0=nl.greater, operand0=0.0)
+    e = _like(a, nl.float32, (P, F + 1))
+    nisa.select_reduce(dst=e[:, :F], predicate=pred, on_true=x, on_false=-1.0, reduce_res=e[:, F:F + 1],
+                       reduce_op=nl.maximum)
+    return d, e
 
 
 @unit("nisa.tensor_reduce[gathered]", FP + INT + ODD, shapes=EVEN)
@@ -384,8 +389,9 @@ for _k in (8, 20):  # 8+: the count column summed as a contiguous row on both (d
 @unit("nisa.bn_aggr[raw data]", FP, shapes=[(1, 48), (64, 96), (128, 126)])
 def _bn_aggr_raw(a):
     # Any values in the slots (not bn_stats output: counts that are not small integers).
-    d = _like(a, nl.float32, (a.shape[0], 2))
-    nisa.bn_aggr(dst=d, data=a)
+    d = _like(a, nl.float32, (a.shape[0], 4))
+    nisa.bn_aggr(dst=d[:, 0:2], data=a)
+    nisa.bn_aggr(dst=d[:, 2:4], data=a.reshape((a.shape[0], 6, a.shape[1] // 6)).permute(0, 2, 1))  # permuted
     return d
 
 
