@@ -8,6 +8,7 @@ One module over 600 lines on purpose: it is the public ``nki.language``
 namespace, one short function per operator, as users import it."""
 import builtins
 import math
+import numbers
 
 import torch
 
@@ -555,7 +556,7 @@ def _rms_norm_ir(out, x, w, axis, n, epsilon):
     value per partition): the interpreter's fp32 operations in its order.
     Other axes: torch's sum over them has an order the executor does not
     reproduce."""
-    if not isinstance(n, (int, float)) or not isinstance(epsilon, (int, float)) or w.ndim != x.ndim or \
+    if not isinstance(n, numbers.Real) or not isinstance(epsilon, numbers.Real) or w.ndim != x.ndim or \
             x.shape[0] > 128:
         return None
     axes = _rms_axes(x, axis)

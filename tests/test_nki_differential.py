@@ -21,6 +21,7 @@ The table in docs/nki.md ("Executor coverage") is this file's ``NATIVE`` and
 import inspect
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -592,7 +593,8 @@ def _nl_rms_norm_other_axes(a, b):
     x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
     w = b[0:1, :].reshape((1, 2, a.shape[1] // 2))
     return (nl.rms_norm(a, b[:, 0:1], axis=0, n=a.shape[0]), nl.rms_norm(x, w, axis=1, n=2),
-            nl.rms_norm(x, b[:, 0:2].reshape((a.shape[0], 2, 1)), axis=(0, 2), n=a.shape[1]))
+            nl.rms_norm(x, b[:, 0:2].reshape((a.shape[0], 2, 1)), axis=(0, 2), n=a.shape[1]),
+            nl.rms_norm(x, w, axis=2, n=np.int64(a.shape[1] // 2), epsilon=np.float32(1e-5)))  # numpy numbers
 
 
 @unit("nl.where", ALL, nin=2)
