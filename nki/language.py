@@ -554,8 +554,7 @@ def _rms_norm_ir(out, x, w, axis, n, epsilon):
     """Natively (normalised over trailing free axes): x * x, its sum, / n +
     epsilon, rsqrt, then (x * r) * w (one scalar_tensor_tensor when r is one
     value per partition): the interpreter's fp32 operations in its order.
-    Other axes: torch's sum over them has an order the executor does not
-    reproduce."""
+    Other axes: _rms_norm_moved_ir (the documented order, _axes_last)."""
     if not isinstance(n, numbers.Real) or not isinstance(epsilon, numbers.Real) or w.ndim != x.ndim or \
             x.shape[0] > 128:
         return None
