@@ -78,6 +78,10 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None,
     if dst.size != src.size or (dst.shape != src.shape and _squeeze(dst.shape) != _squeeze(src.shape)):
         fail(instr, "src", f"shape {list(src.shape)} does not match dst {list(dst.shape)}")
     rmw = _checks.op(instr, "dst_rmw_op", dst_rmw_op, 2) if dst_rmw_op is not None else None
+    if rmw is not None and rmw.kind == "bitvec":
+        # The DMA engine's read-modify-write is arithmetic (the vendor documents nl.add).
+        fail(instr, "dst_rmw_op", f"nl.{rmw.name} is a bitvector op; dst_rmw_op takes an arithmetic op "
+                                  f"(nl.add, ...): use nisa.tensor_tensor for a bitwise update")
 
     def run(env):
         v = env.view(src).reshape(dst.shape)
@@ -90,8 +94,6 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None,
 def _rmw_ir(dst, src, rmw):
     """``dst = rmw(dst, src)`` natively: a tensor_tensor over dst and src seen
     in dst's shape (the interpreter's fp32 operation on the reshaped source)."""
-    if rmw.kind == "bitvec":
-        return None  # (the interpreter's fp32 bitvector op raises)
     if tuple(src.shape) != tuple(dst.shape):
         try:
             src = NkiTensor(src.storage, *_view_as(src, dst.shape), _check=False)
@@ -308,7 +310,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     cmd = reduce_cmd
 
     def run(env):
-        x = env.f32(data)
+        x = _rows_value(env, data)
         r = _apply(i0, x, env.scalar(operand0, x.ndim), reverse0)
         r = _apply(i1, r, env.f32(operand1).reshape(x.shape), reverse1)
         env.write(dst, r.reshape(dst.shape))
@@ -321,7 +323,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     ir = stt(dst)
     if rimpl is not None:
         # Natively: the fp32 result in a temporary, stored, reduced into the registers.
-        y = _row_temp(data)
+        y = _row_temp(data, materialize=True)
         ir = None if y is None else ("seq", {"parts": [stt(y), ("copy", {"dst": dst, "src": y})] +
                                              _register_parts(y, rimpl, cmd, reduce_res, "vector")})
     _trace.record(instr, run, dst, data, operand1,
@@ -384,15 +386,48 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, engine=None
     if math.prod(dst.shape) != math.prod(shape) or dst.shape[0] != data.shape[0]:
         fail(instr, "dst", f"shape {list(dst.shape)} does not match the reduced shape {list(shape)}")
 
+    ir, gathered = _tensor_reduce_ir(dst, data, impl, axes, negate)
+
     def run(env):
         x = env.ints(data) if impl.kind == "bitvec" else env.f32(data)
+        if gathered:  # the documented order of other views: logical order, contiguous
+            x = x.contiguous()
         r = _reduce_fn(impl, x, axes, keepdims)
         env.write(dst, (-r if negate else r).reshape(dst.shape))
-    _trace.record(instr, run, dst, data, ir=("bits", {
-        "dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate, "form": 2})
-        if impl.kind == "bitvec" else _product_parts(dst, data, axes, negate) if impl.name == "multiply" else
-        _permuted_reduce_ir(dst, data, impl, axes, negate) or (
-        "tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate}))
+    _trace.record(instr, run, dst, data, ir=ir)
+
+
+def _tensor_reduce_ir(dst, data, impl, axes, negate):
+    """(records, gathered): torch's own order where the records reproduce it
+    (reduced elements one contiguous run per result; every free dim of a
+    packed permuted view), else (gathered) the tile in its logical order."""
+    if impl.kind == "bitvec":
+        return ("bits", {"dst": dst, "data": data, "op0": impl, "axes": tuple(axes), "negate": negate,
+                         "form": 2}), False
+    run, step = True, 1
+    for d in sorted(axes, reverse=True):
+        if data.shape[d] > 1:
+            run, step = run and data.strides[d] == step, step * data.shape[d]
+    if run:
+        return (_product_parts(dst, data, axes, negate) if impl.name == "multiply" else
+                ("tensor_reduce", {"dst": dst, "data": data, "op": impl, "axes": tuple(axes), "negate": negate})), False
+    ir = None if impl.name == "multiply" else _permuted_reduce_ir(dst, data, impl, axes, negate)
+    return (ir, False) if ir is not None else (_gathered_reduce_ir(dst, data, impl, axes, negate), True)
+
+
+def _gathered_reduce_ir(dst, data, impl, axes, negate):
+    """A view with gaps, some dims of a permuted view kept, zero strides:
+    ``data`` copied in its logical order into an fp32 [P, K, reduced...]
+    temporary, whose contiguous rows the records reduce (docs/nki.md,
+    "Reduction order")."""
+    if data.shape[0] > 128 or data.ndim + 1 > 8:
+        return None
+    red = tuple(data.shape[d] for d in axes)
+    t = _temp((data.shape[0], math.prod(data.shape[1:]) // math.prod(red)) + red)
+    t_axes = tuple(range(2, 2 + len(red)))
+    ir = _product_parts(dst, t, t_axes, negate) if impl.name == "multiply" else \
+        ("tensor_reduce", {"dst": dst, "data": t, "op": impl, "axes": t_axes, "negate": negate})
+    return ("seq", {"parts": [("copy", {"dst": t, "src": data})] + (ir[1]["parts"] if ir[0] == "seq" else [ir])})
 
 
 def _permuted_reduce_ir(dst, data, impl, axes, negate):
@@ -442,7 +477,7 @@ def _activation_common(instr, dst, op, data, bias, scale):
 
 
 def _activation_value(env, impl, data, bias, scale):
-    x = env.f32(data)
+    x = _rows_value(env, data)
     y = x * env.scalar(scale, x.ndim)
     if bias is not None:
         y = y + env.scalar(bias, x.ndim)
@@ -451,8 +486,8 @@ def _activation_value(env, impl, data, bias, scale):
 
 def _activation_ir(dst, impl, data, bias, scale, cmd, rimpl, reduce_res):
     reducing = cmd in ("reduce", "reset_reduce") or cmd == "idle" and reduce_res is not None
-    y = _row_temp(data) if cmd == "load_reduce" or reducing else None
-    if cmd == "load_reduce" or y is not None and not y.is_contiguous():
+    y = _row_temp(data, materialize=True) if cmd == "load_reduce" or reducing else None
+    if cmd == "load_reduce" or y is not None and (not y.is_contiguous() or not _dense_rows(data)):
         # The fp32 result in a temporary, stored, summed and folded into the
         # registers (load_reduce; or a permuted data, summed in its memory order).
         if y is None:
@@ -568,13 +603,13 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     cmd = reduce_cmd
 
     def run(env):
-        x = env.f32(data)
+        x = _rows_value(env, data)
         y = _apply(i0, x, env.scalar(operand0, x.ndim), reverse0)
         env.write(dst, y.reshape(dst.shape))
         _accumulate(env, "vector", cmd, rimpl, y, reduce_res,
                     0.0 if reduce_init is None else reduce_init, reduce_res_negate)
     ir = None
-    y = _row_temp(data)
+    y = _row_temp(data, materialize=True)
     if y is not None:
         ir = ("seq", {"parts": [
             ("tensor_scalar", {"dst": y, "data": data, "op0": i0, "operand0": operand0, "reverse0": reverse0,
@@ -604,13 +639,13 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
     cmd = reduce_cmd
 
     def run(env):
-        x = env.f32(src)
+        x = _rows_value(env, src)
         y = torch.exp(x - env.scalar(max_value, x.ndim))
         env.write(dst, y.reshape(dst.shape))
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res, reduce_init)
     ir = None
-    y = _row_temp(src)
+    y = _row_temp(src, materialize=True)
     if y is not None:
         ir = ("seq", {"parts": [
             ("tensor_scalar", {"dst": y, "data": src, "op0": _OPS["subtract"], "operand0": max_value,
@@ -669,7 +704,9 @@ def bn_aggr(dst, data, name=None, **kw):
 
     def run(env):
         s = env.f32(data).reshape(data.shape[0], -1, _BN_SLOTS)
-        n, mean, m2 = s[..., 0], s[..., 1], s[..., 2]
+        # The columns made contiguous first: each sum reads a contiguous row,
+        # as the executor's records do (docs/nki.md, "Reduction order").
+        n, mean, m2 = (s[..., j].contiguous() for j in range(3))
         total = n.sum(dim=1)
         mu = (n * mean).sum(dim=1) / total
         m2_all = (m2 + n * (mean - mu[:, None]) ** 2).sum(dim=1)
@@ -678,18 +715,18 @@ def bn_aggr(dst, data, name=None, **kw):
 
 
 # -- native lowerings of the composite instructions ------------------------
-def _row_temp(data):
+def _row_temp(data, materialize=False):
     """An fp32 temporary for ``data``'s fp32 result: [P, F] memory, seen in
     ``data``'s shape laid out as the interpreter's result is. torch's
     elementwise result keeps its input's dim order (dense), and its reductions
     iterate that memory order; a permuted ``data`` then gets a permuted view,
     whose rows the reductions read flat (_register_parts)."""
-    free = [(st, n, d) for d, (st, n) in enumerate(zip(data.strides[1:], data.shape[1:]), 1) if n > 1]
-    if not all(st > 0 for st, _n, _d in free) or data.shape[0] > 128 or data.ndim > 8:
+    if data.shape[0] > 128 or data.ndim > 8:
         return None
+    if not _dense_rows(data):  # materialized by the interpreter (_rows_value): logical order
+        return _temp((data.shape[0], math.prod(data.shape[1:]))) if materialize else None
+    free = [(st, n, d) for d, (st, n) in enumerate(zip(data.strides[1:], data.shape[1:]), 1) if n > 1]
     order = sorted(free, key=lambda f: -f[0])  # outermost first
-    if not all(a[0] >= b[0] * b[1] for a, b in zip(order, order[1:])):
-        return None  # overlapping
     y = _temp((data.shape[0], math.prod(data.shape[1:])))
     if [f[2] for f in order] == [f[2] for f in free]:
         return y  # row-major already
@@ -699,6 +736,23 @@ def _row_temp(data):
         step *= n
     strides[0] = y.strides[0]
     return NkiTensor(y.storage, tuple(data.shape), tuple(strides), 0, _check=False)
+
+
+def _dense_rows(v):
+    """No zero stride and no overlapping elements in ``v``'s free dims: torch's
+    elementwise result then keeps its dim order (_row_temp)."""
+    free = sorted(((st, n) for st, n in zip(v.strides[1:], v.shape[1:]) if n > 1), key=lambda f: -f[0])
+    return all(st > 0 for st, _n in free) and all(a[0] >= b[0] * b[1] for a, b in zip(free, free[1:]))
+
+
+def _rows_value(env, v):
+    """``v`` in fp32 for an instruction whose result the registers reduce: a
+    view with a zero stride or overlapping elements (a broadcast operand) is
+    made contiguous first, so the result and its row reduction are in logical
+    order (docs/nki.md, "Reduction order"); torch's own layout for such a
+    result is its heuristic, which no record follows."""
+    x = env.f32(v)
+    return x if _dense_rows(v) else x.contiguous()
 
 
 _REG_CMD = {"reduce": 2, "reset_reduce": 3, "reset": 4, "load_reduce": 5}
@@ -763,22 +817,24 @@ def _bn_stats_ir(dst, data):
 
 
 def _bn_aggr_ir(dst, data):
-    # k groups per partition, their columns copied into [P, k] temporaries.
-    # The interpreter's count sum reads a strided column: for k < 8 torch sums
-    # strided and contiguous rows with the same scalar loop (row_sum), from 8
-    # on a contiguous row takes its vectorised loop (not reproduced).
+    # k groups per partition, their columns copied into [P, k] temporaries,
+    # which the interpreter makes contiguous too: every sum a contiguous row.
     k = math.prod(data.shape[1:]) // _BN_SLOTS
-    if dst.ndim != 2 or k >= 8 or dst.shape[0] > 128:
+    if dst.ndim != 2 or dst.shape[0] > 128:
         return None
+    gather = []
     if data.ndim != 2:  # free dims in row-major order: one row of 6k values
         if data.strides[1:] != _contiguous_strides(data.shape[1:]):
-            return None
-        data = NkiTensor(data.storage, (data.shape[0], k * _BN_SLOTS), (data.strides[0], 1), data.offset,
-                         _check=False)
+            # (a permuted view: the interpreter's reshape copies it in logical order, so does this copy)
+            flat = _temp((data.shape[0], k * _BN_SLOTS))
+            gather, data = [("copy", {"dst": flat, "src": data})], flat
+        else:
+            data = NkiTensor(data.storage, (data.shape[0], k * _BN_SLOTS), (data.strides[0], 1), data.offset,
+                             _check=False)
     P = data.shape[0]
     total, s1, mu, q, var = (_temp((P, 1)) for _ in range(5))
     n, mean, m2, nm, dv, e = (_temp((P, k)) for _ in range(6))
-    return ("seq", {"parts": [
+    return ("seq", {"parts": gather + [
         ("copy", {"dst": n, "src": _column(data, 0, k, _BN_SLOTS)}),
         ("copy", {"dst": mean, "src": _column(data, 1, k, _BN_SLOTS)}),
         ("copy", {"dst": m2, "src": _column(data, 2, k, _BN_SLOTS)}),
@@ -800,6 +856,15 @@ def tensor_partition_reduce(dst, op, data, name=None, **kw):
         fail(instr, "dst", f"expected shape [1, {', '.join(map(str, data.shape[1:]))}], got {list(dst.shape)}")
 
     def run(env):
+        if impl.kind == "bitvec":
+            # Integer semantics: the partitions' int64 values folded in order
+            # (no fp32 step), stored with the destination's wrapping.
+            x = env.ints(data)
+            r = x[0:1].clone()
+            for p in range(1, x.shape[0]):
+                r = impl.compute(r, x[p:p + 1])
+            env.write(dst, r)
+            return
         x = env.f32(data)
         if impl.name in ("add", "multiply"):
             # Partition by partition in order (the engine's accumulation; torch's
@@ -811,7 +876,22 @@ def tensor_partition_reduce(dst, op, data, name=None, **kw):
             r = _reduce_fn(impl, x, (0,), True)
         env.write(dst, r)
     _trace.record(instr, run, dst, data,
-                  ir=None if impl.kind == "bitvec" else ("partition_reduce", {"dst": dst, "data": data, "op": impl}))
+                  ir=_partition_bits_ir(dst, data, impl) if impl.kind == "bitvec" else
+                  ("partition_reduce", {"dst": dst, "data": data, "op": impl}))
+
+
+def _partition_bits_ir(dst, data, impl):
+    """A bitvector tensor_partition_reduce: ``data`` transposed into a
+    [1, F, P] temporary of its dtype (a record run whole), whose rows the
+    integer reduction record folds into dst (and/or: any order is exact)."""
+    if data.shape[0] > 128 or data.ndim + 1 > 8:
+        return None
+    F = math.prod(data.shape[1:])
+    shape = (1, F, data.shape[0])
+    t = NkiTensor(_trace.current().new_storage(_sbuf, data.dtype, shape, "tmp"), shape, _check=False)
+    return ("seq", {"parts": [
+        ("transpose", {"dst": t, "src": data, "axes": tuple(range(1, data.ndim)) + (0,)}),
+        ("bits", {"dst": dst, "data": t, "op0": impl, "axes": (2,), "negate": False, "form": 2})]})
 
 
 # -- GpSimd ----------------------------------------------------------------
@@ -910,7 +990,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
         if cmd.name != "idle" or reduce_res is not None:
             _accumulate(env, "vector", cmd, rimpl, y, reduce_res)
     ir = None
-    y = _row_temp(on_true)
+    y = _row_temp(on_true, materialize=True)  # (a maximum: any order of the rows gives it)
     if y is not None and predicate.shape[0] == on_true.shape[0] == dst.shape[0]:
         other = on_false if not isinstance(on_false, NkiTensor) else NkiTensor(
             on_false.storage, y.shape, (on_false.strides[0],) + (0,) * (y.ndim - 1), on_false.offset, _check=False)

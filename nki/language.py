@@ -8,6 +8,7 @@ One module over 600 lines on purpose: it is the public ``nki.language``
 namespace, one short function per operator, as users import it."""
 import builtins
 import math
+import numbers
 
 import torch
 
@@ -324,14 +325,69 @@ def _reduction(name, x, axis, dtype, keepdims, fn):
         shape = [1]
     out = _result(shape, dtype or x.dtype)
 
+    # Natively a tensor_reduce (the same torch reduction) over trailing free
+    # axes that are one contiguous run; any other axes in the documented order.
+    direct = _trailing_run(x, axes)
+
     def run(env):
-        env.write(out, fn(env.f32(x), axes, keepdims).reshape(out.shape))
-    # Natively a tensor_reduce (the same torch reduction) over trailing free axes.
-    ir = None
-    if sorted(axes) == list(builtins.range(x.ndim - len(axes), x.ndim)) and 0 not in axes:
-        ir = _reduction_ir(name, x, axes, out)
+        v, a = (env.f32(x), axes) if direct else _axes_last(env.f32(x), axes)
+        env.write(out, fn(v, a, keepdims and direct).reshape(out.shape))
+    ir = _reduction_ir(name, x, axes, out) if direct else _moved_reduction_ir(name, x, axes, out)
     _trace.record(instr, run, out, x, ir=ir)
     return out
+
+
+def _trailing_run(x, axes):
+    """Trailing free ``axes`` whose elements are one contiguous run per
+    reduction: torch reduces them as the executor's row reduction does."""
+    if 0 in axes or sorted(axes) != list(builtins.range(x.ndim - len(axes), x.ndim)):
+        return False
+    expect = 1
+    for d in sorted(axes, reverse=True):
+        if x.shape[d] > 1:
+            if x.strides[d] != expect:
+                return False
+            expect *= x.shape[d]
+    return True
+
+
+def _axes_last(v, axes):
+    """The reduction order of every other form (docs/nki.md, "Reduction
+    order"): the reduced axes moved last in their order, the tile made
+    contiguous, then reduced over those trailing axes; returns (tile, axes)."""
+    kept = [d for d in builtins.range(v.ndim) if d not in axes]
+    v = v.permute(kept + sorted(axes)).contiguous()
+    return v, tuple(builtins.range(len(kept), v.ndim))
+
+
+def _moved_layout(x, axes):
+    """The executor side of _axes_last: an fp32 temporary [lead, K, reduced...]
+    (lead: the partitions when they are kept, else 1; K the other kept
+    elements), the records that copy ``x`` into it, and its reduced axes."""
+    axes = sorted(axes)
+    kept = [d for d in builtins.range(x.ndim) if d not in axes]
+    red = tuple(x.shape[d] for d in axes)
+    lead = x.shape[0] if 0 not in axes else 1
+    K = math.prod(x.shape[d] for d in kept) // lead
+    t = _temp((lead, K) + red)
+    if 0 in axes:  # the copy mixes partitions: a transpose record (run whole)
+        copy = ("transpose", {"dst": t, "src": x, "axes": tuple(kept + axes)})
+    else:
+        src = NkiTensor(x.storage, tuple(x.shape[d] for d in kept + axes), tuple(x.strides[d] for d in kept + axes),
+                        x.offset, _check=False)
+        copy = ("copy", {"dst": t, "src": src})
+    return t, copy, tuple(builtins.range(2, 2 + len(red))), (lead, K)
+
+
+def _moved_reduction_ir(name, x, axes, out):
+    """A reduction over the partition axis, non-trailing free axes or a view
+    with gaps: x copied into the [lead, K, reduced...] temporary, then the
+    trailing-axes records into ``out`` seen as [lead, K]."""
+    if x.shape[0] > 128 or x.ndim + 1 > 8:
+        return None
+    t, copy, red_axes, kept = _moved_layout(x, axes)
+    ir = _reduction_ir(name, t, red_axes, NkiTensor(out.storage, kept, _check=False))
+    return ("seq", {"parts": [copy] + (ir[1]["parts"] if ir[0] == "seq" else [ir])})
 
 
 _REDUCE_OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
@@ -479,9 +535,16 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, **kw):
         fail(instr, "w", f"shape {list(w.shape)} does not broadcast to x {list(x.shape)}")
     out = _result(x.shape, dtype or x.dtype)
 
+    axes = _rms_axes(x, axis)
+
     def run(env):
         v = env.f32(x)
-        r = torch.rsqrt(v.square().sum(dim=axis, keepdim=True) / n + epsilon)
+        if axes is None or _trailing_axes(x, axes):
+            s = v.square().sum(dim=axis, keepdim=True)
+        else:  # the documented order of other axes (_axes_last)
+            q, a = _axes_last(v.square(), axes)
+            s = q.sum(dim=a).reshape([1 if d in axes else n_ for d, n_ in enumerate(x.shape)])
+        r = torch.rsqrt(s / n + epsilon)
         env.write(out, v * r * env.f32(w))
     _trace.record(instr, run, out, x, w, ir=_rms_norm_ir(out, x, w, axis, n, epsilon))
     return out
@@ -491,17 +554,15 @@ def _rms_norm_ir(out, x, w, axis, n, epsilon):
     """Natively (normalised over trailing free axes): x * x, its sum, / n +
     epsilon, rsqrt, then (x * r) * w (one scalar_tensor_tensor when r is one
     value per partition): the interpreter's fp32 operations in its order.
-    Other axes: torch's sum over them has an order the executor does not
-    reproduce."""
-    if not isinstance(n, (int, float)) or not isinstance(epsilon, (int, float)) or w.ndim != x.ndim or \
+    Other axes: _rms_norm_moved_ir (the documented order, _axes_last)."""
+    if not isinstance(n, numbers.Real) or not isinstance(epsilon, numbers.Real) or w.ndim != x.ndim or \
             x.shape[0] > 128:
         return None
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    if not builtins.all(isinstance(a, int) and -x.ndim <= a < x.ndim for a in axes):
+    axes = _rms_axes(x, axis)
+    if axes is None:
         return None
-    axes = tuple(sorted(a % x.ndim for a in axes))
-    if 0 in axes or list(axes) != list(builtins.range(x.ndim - len(axes), x.ndim)):
-        return None
+    if not _trailing_axes(x, axes):
+        return _rms_norm_moved_ir(out, x, w, axes, n, epsilon)
     P = x.shape[0]
     whole = len(axes) == x.ndim - 1  # one r per partition
     red = (P, 1) if whole else tuple(1 if d in axes else n_ for d, n_ in enumerate(x.shape))
@@ -520,6 +581,41 @@ def _rms_norm_ir(out, x, w, axis, n, epsilon):
         parts += [("tensor_tensor", {"dst": sq, "data": x, "data2": _expanded(r, x.shape), "op": OPS["multiply"]}),
                   ("tensor_tensor", {"dst": out, "data": sq, "data2": _expanded(w, x.shape), "op": OPS["multiply"]})]
     return ("seq", {"parts": parts})
+
+
+def _rms_axes(x, axis):
+    """rms_norm's axes, sorted and non-negative (None: not valid axes)."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis) if isinstance(axis, (tuple, list)) else ()
+    if not axes or not builtins.all(isinstance(a, int) and -x.ndim <= a < x.ndim for a in axes):
+        return None
+    return tuple(sorted({a % x.ndim for a in axes}))
+
+
+def _trailing_axes(x, axes):
+    return 0 not in axes and list(axes) == list(builtins.range(x.ndim - len(axes), x.ndim))
+
+
+def _rms_norm_moved_ir(out, x, w, axes, n, epsilon):
+    """rms_norm over the partition axis or non-trailing free axes: the squares
+    moved into the [lead, K, reduced...] order (_moved_layout), their row
+    sums, / n + epsilon, rsqrt, broadcast back over the reduced axes:
+    (x * r) * w, as the interpreter computes it."""
+    if x.ndim + 1 > 8:
+        return None
+    sq = _temp(x.shape)
+    t, copy, red_axes, kept = _moved_layout(sq, axes)
+    s, r = _temp(kept), _temp(kept)
+    keep = tuple(1 if d in axes else n_ for d, n_ in enumerate(x.shape))
+    act = {"bias": None, "scale": 1.0, "cmd": "idle", "reduce_op": None, "reduce_res": None, "engine": "scalar"}
+    return ("seq", {"parts": [
+        ("activation", dict(act, dst=sq, op=OPS["square"], data=x)),
+        copy,
+        _reduce_part(s, t, "add", red_axes),
+        _scalar_part(s, s, "divide", n, "add", epsilon),
+        ("activation", dict(act, dst=r, op=OPS["rsqrt"], data=s)),
+        ("tensor_tensor", {"dst": sq, "data": x, "data2": _expanded(NkiTensor(r.storage, keep, _check=False), x.shape),
+                           "op": OPS["multiply"]}),
+        ("tensor_tensor", {"dst": out, "data": sq, "data2": _expanded(w, x.shape), "op": OPS["multiply"]})]})
 
 
 def matmul(x, y, transpose_x=False, **kw):
@@ -550,6 +646,8 @@ def transpose(x, dtype=None, **kw):
 def where(condition, x, y, dtype=None, **kw):
     instr = "nki.language.where"
     ts = _tensors(condition, x, y)
+    if not ts:
+        fail(instr, "condition", "condition, x or y must be a tile (it gives the result's shape)")
     for t in ts:
         _checks.tile(instr, "operand", t)
     shape = _broadcast_shape(instr, ts)
@@ -577,7 +675,7 @@ def where(condition, x, y, dtype=None, **kw):
 def _wide_ints(x, y):
     """Two integers, one of them past fp32's exact range (the interpreter's
     torch.where gives an int64 tile)."""
-    return builtins.all(isinstance(v, int) and abs(v) < 2 ** 53 for v in (x, y)) and \
+    return builtins.all(isinstance(v, int) and -2 ** 63 <= v < 2 ** 63 for v in (x, y)) and \
         not builtins.all(abs(v) <= 2 ** 24 for v in (x, y))
 
 
@@ -587,10 +685,18 @@ def _where_ints_ir(out, cond, x, y):
     temporary), then ``(m & (x ^ y)) ^ y`` in int64 (bitvector records),
     stored with copy_'s wrapping as the interpreter's int64 result is."""
     m = _temp(out.shape, int32)
+    # The store keeps the low 32 bits, and the bitwise ops commute with that:
+    # x and y taken modulo 2^32 first (past 2^53 too, as exact immediates).
+    x, y = (_wrapped(v, out.dtype) for v in (x, y))
     return ("seq", {"parts": [
         ("select", {"dst": m, "cond": cond, "x": -1, "y": 0}),
         ("bits", {"dst": out, "data": m, "op0": OPS["bitwise_and"], "operand0": x ^ y, "reverse0": False,
                   "op1": OPS["bitwise_xor"], "operand1": y, "reverse1": False, "form": 1})]})
+
+
+def _wrapped(v, dtype):
+    """The int64 number ``v`` as a store into ``dtype`` converts it (copy_)."""
+    return torch.tensor(v, dtype=torch.int64).to(dtype).item()
 
 
 def _where_const_ir(out, v, both, shape):
@@ -716,6 +822,10 @@ def while_loop(cond_fun, body_fun, init_val, max_iterations=1 << 20, **kw):
             val = body_fun(val)
             c = cond_fun(val)
         return val
+    if type(max_iterations) is not int or not 0 <= max_iterations < 1 << 62:
+        # (a device loop counts its iterations in int64 on the executor)
+        fail("nki.language.while_loop", "max_iterations",
+             f"expected an integer in [0, 2**62) for a device loop, got {max_iterations!r}")
     tr = _trace.current("nki.language.while_loop")
     # ``c`` was recorded in the parent program (the first test); trace the
     # body and the re-test once, into the loop's own instruction list.

@@ -21,6 +21,7 @@ The table in docs/nki.md ("Executor coverage") is this file's ``NATIVE`` and
 import inspect
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -224,6 +225,50 @@ def _permuted_tensor_reduce(a):
     return d
 
 
+@unit("nisa.register_reductions[broadcast]", FP + INT + ODD, nin=2, shapes=EVEN)
+def _broadcast_register_reductions(a, b):
+    # A broadcast data view (a zero stride): made contiguous first, its results
+    # reduced in logical order (docs/nki.md, "Reduction order").
+    P, F = a.shape
+    x = a[:, 0:F // 2].expand_dim(1).broadcast(1, 2)  # [P, 2, F/2], stride 0
+    d = _like(a, nl.float32, (P, F + 5))
+    nisa.activation(dst=d[:, :F], op=nl.abs, data=x, reduce_op=nl.add, reduce_res=d[:, F:F + 1])
+    nisa.tensor_scalar_reduce(dst=d[:, :F], data=x, op0=nl.add, operand0=0.5, reduce_op=nl.add,
+                              reduce_res=d[:, F + 1:F + 2])
+    nisa.tensor_scalar_reduce(dst=d[:, :F], data=x, op0=nl.multiply, operand0=1.5, reduce_op=nl.maximum,
+                              reduce_res=d[:, F + 2:F + 3])
+    nisa.scalar_tensor_tensor(dst=d[:, :F], data=x, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
+                              operand1=b, reduce_op=nl.add, reduce_res=d[:, F + 3:F + 4])
+    nisa.activation(dst=d[:, :F], op=nl.square, data=x, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.load_reduce,
+                    reduce_res=d[:, F + 4:F + 5])
+    pred = _like(a, nl.uint8, (P, 2, F // 2))
+    nisa.tensor_scalar(dst=pred, data=b.reshape((P, 2, F // 2)), op0=nl.greater, operand0=0.0)
+    e = _like(a, nl.float32, (P, F + 1))
+    nisa.select_reduce(dst=e[:, :F], predicate=pred, on_true=x, on_false=-1.0, reduce_res=e[:, F:F + 1],
+                       reduce_op=nl.maximum)
+    return d, e
+
+
+@unit("nisa.tensor_reduce[gathered]", FP + INT + ODD, shapes=EVEN)
+def _gathered_tensor_reduce(a):
+    # Views whose reduced elements are no contiguous run: a permuted view with
+    # a dim kept, gaps between the reduced rows, a broadcast (zero stride) dim.
+    # Reduced in their logical order (docs/nki.md, "Reduction order").
+    P, F = a.shape
+    x = _permuted(a)  # [P, 2, F/2]
+    g = a.reshape((P, 2, F // 2))[:, :, 1:]
+    d = _like(a, nl.float32, (P, 12))
+    for i, op in enumerate((nl.add, nl.maximum, nl.minimum, nl.multiply)):
+        nisa.tensor_reduce(dst=d[:, i:i + 1], op=op, data=x[:, 1, :] if op is nl.multiply else x, axis=(1, 2) if
+                           op is not nl.multiply else 1, keepdims=True)
+        nisa.tensor_reduce(dst=d[:, 4 + i:5 + i], op=op, data=g, axis=(1, 2), keepdims=True)
+    nisa.tensor_reduce(dst=d[:, 8:10], op=nl.add, data=x, axis=2)
+    nisa.tensor_reduce(dst=d[:, 10:12], op=nl.maximum, data=x, axis=2, negate=True)
+    e = _like(a, nl.float32, (P, 1))
+    nisa.tensor_reduce(dst=e, op=nl.add, data=x.permute(0, 2, 1)[:, 0:1, :], axis=(1, 2))
+    return d, e
+
+
 @unit("nisa.tensor_tensor_scan", ALL, nin=2, values="small")
 def _scan(a, b):
     d = _like(a)
@@ -338,6 +383,17 @@ def _bn_groups(k):
 
 for _k in (2, 7):  # several bn_stats groups per partition
     unit(f"nisa.bn_aggr[{_k} groups]", FP + INT)(_bn_groups(_k))
+for _k in (8, 20):  # 8+: the count column summed as a contiguous row on both (docs/nki.md)
+    unit(f"nisa.bn_aggr[{_k} groups]", FP + INT, shapes=[(1, 24), (64, 40), (128, 130)])(_bn_groups(_k))
+
+
+@unit("nisa.bn_aggr[raw data]", FP, shapes=[(1, 48), (64, 96), (128, 126)])
+def _bn_aggr_raw(a):
+    # Any values in the slots (not bn_stats output: counts that are not small integers).
+    d = _like(a, nl.float32, (a.shape[0], 4))
+    nisa.bn_aggr(dst=d[:, 0:2], data=a)
+    nisa.bn_aggr(dst=d[:, 2:4], data=a.reshape((a.shape[0], 6, a.shape[1] // 6)).permute(0, 2, 1))  # permuted
+    return d
 
 
 @unit("nisa.tensor_partition_reduce", FP + INT)
@@ -345,6 +401,16 @@ def _partition_reduce(a):
     d = _like(a, shape=(1, a.shape[1]))
     nisa.tensor_partition_reduce(dst=d, op=nl.add, data=a)
     return d
+
+
+@unit("nisa.tensor_partition_reduce[bitvec]", INT + ODD)
+def _partition_reduce_bits(a):
+    # Integer semantics (int64, no fp32 step: int32 values past 2^24 stay exact).
+    d = _like(a, shape=(1, a.shape[1]))
+    e = _like(a, shape=(1, a.shape[1]))
+    nisa.tensor_partition_reduce(dst=d, op=nl.bitwise_and, data=a)
+    nisa.tensor_partition_reduce(dst=e, op=nl.bitwise_or, data=a)
+    return d, e
 
 
 @unit("nisa.iota", [torch.float32, torch.int32])
@@ -478,6 +544,22 @@ for _n in ("sum", "max", "min", "mean", "var", "prod", "all"):
     unit(f"nl.{_n}", ALL, values="small" if _n == "prod" else "any")(_nl_reduction(_n))
 
 
+def _nl_reduction_other_axes(name):
+    # The partition axis, a non-trailing free axis, both, and trailing axes
+    # of a view with gaps: the reduced axes moved last (docs/nki.md).
+    def body(a):
+        f = getattr(nl, name)
+        x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+        return (f(a, axis=0, keepdims=True), f(x, axis=1, keepdims=True, dtype=nl.float32), f(x, axis=(0, 2)),
+                f(x[:, :, 1:], axis=(1, 2)), f(x, axis=(0, 1, 2), keepdims=True))
+    return body
+
+
+for _n in ("sum", "max", "min", "mean", "var", "prod", "all"):
+    unit(f"nl.{_n}[other axes]", ALL, values="small" if _n == "prod" else "any",
+         shapes=[(1, 8), (64, 34), (128, 130)])(_nl_reduction_other_axes(_n))
+
+
 @unit("nl.softmax", ALL, tol=True)
 def _nl_softmax(a):
     return nl.softmax(a, axis=1)
@@ -506,6 +588,15 @@ def _nl_rms_norm_3d(a, b):
     return nl.rms_norm(x, w, axis=(1, 2), n=a.shape[1]), nl.rms_norm(x, w, axis=2, n=a.shape[1] // 2)
 
 
+@unit("nl.rms_norm[other axes]", ALL, nin=2, shapes=[(1, 8), (64, 34), (128, 130)])
+def _nl_rms_norm_other_axes(a, b):
+    x = a.reshape((a.shape[0], 2, a.shape[1] // 2))
+    w = b[0:1, :].reshape((1, 2, a.shape[1] // 2))
+    return (nl.rms_norm(a, b[:, 0:1], axis=0, n=a.shape[0]), nl.rms_norm(x, w, axis=1, n=2),
+            nl.rms_norm(x, b[:, 0:2].reshape((a.shape[0], 2, 1)), axis=(0, 2), n=a.shape[1]),
+            nl.rms_norm(x, w, axis=2, n=np.int64(a.shape[1] // 2), epsilon=np.float32(1e-5)))  # numpy numbers
+
+
 @unit("nl.where", ALL, nin=2)
 def _nl_where(a, b):
     return nl.where(a, a, b), nl.where(b, 2.0, a)
@@ -515,6 +606,14 @@ def _nl_where(a, b):
 def _nl_where_wide_ints(a):
     # Integers past fp32's exact range: the interpreter's torch.where is int64.
     return nl.where(a, 2**31 - 1, -(2**31) + 5), nl.where(a, 3 * 2**30 + 7, 2**25 + 1, dtype=nl.uint32)
+
+
+@unit("nl.where[wider ints]", ALL)
+def _nl_where_wider_ints(a):
+    # Past 2^53 and past int32: the interpreter's int64 values, stored wrapped.
+    return (nl.where(a, 2**60 + 2**33 + 9, -(2**55) - 3, dtype=nl.int32),
+            nl.where(a, 2**53 + 1, 2**40 - 1, dtype=nl.uint32), nl.where(a, -(2**62), 2**31 + 5, dtype=nl.int32),
+            nl.where(a, 2**40 + 2**15 + 3, -(2**33) - 1, dtype=nl.int16), nl.where(a, 2**54 + 3, 1, dtype=nl.float32))
 
 
 @unit("nl.where[number condition]", ALL, nin=2)
@@ -598,7 +697,7 @@ def _native_expected(name, dtype):
 # torch.topk orders equal values either way.)
 SIGNED_ZERO = {n for n in UNITS if n.endswith(("[maximum]", "[minimum]")) or n in ("nl.maximum", "nl.minimum")} | {
     "nisa.tensor_scalar_reduce", "nisa.scalar_tensor_tensor+reduce", "nisa.select_reduce", "nisa.max8",
-    "nisa.nc_find_index8", "nisa.tensor_reduce[permuted]"}
+    "nisa.nc_find_index8", "nisa.tensor_reduce[permuted]", "nisa.register_reductions[broadcast]"}
 
 
 def _fp8_to_int(name, dtype):
@@ -789,10 +888,20 @@ def test_every_unit_is_classified():
 
 
 def coverage_table():
-    """The rows of docs/nki.md's coverage table (``python -c "import
+    """docs/nki.md's coverage table, one row per instruction or op with its
+    units (forms) and (unit, dtype) cases (``python -c "import
     tests.test_nki_differential as t; print(t.coverage_table())"``)."""
-    rows = []
+    groups = {}
     for n in sorted(UNITS):
-        how = "native" if n in NATIVE else f"interpreter: {INTERPRETER[n]}"
-        rows.append(f"| `{n}` | {how} |")
+        groups.setdefault(n.split("[")[0].split("->")[0].split("+")[0], []).append(n)
+    rows = ["| instruction | units | cases | executor |", "|---|---|---|---|"]
+    for base, names in groups.items():
+        how = "; ".join(f"`{n}` interpreter: {INTERPRETER[n]}" for n in names if n in INTERPRETER) or "native"
+        rows.append(f"| `{base}` | {len(names)} | {sum(len(UNITS[n].dtypes) for n in names)} | {how} |")
     return "\n".join(rows)
+
+
+def test_docs_show_the_coverage_table():
+    import pathlib
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "nki.md").read_text()
+    assert coverage_table() in doc, "docs/nki.md's coverage table is stale: paste coverage_table()"

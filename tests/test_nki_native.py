@@ -1291,3 +1291,64 @@ def test_native_softmax_other_axes(axis, dtype, monkeypatch):
     eps = torch.finfo(dtype).eps
     torch.testing.assert_close(out, ref, rtol=max(4e-6, 2 * eps), atol=max(2e-5, eps))
     assert torch.allclose(out.sum(dim=axis), torch.ones(()), atol=1e-2)  # a distribution along the axis
+
+
+@pytest.mark.parametrize("mode", ["interpreter", "native"])
+def test_dma_copy_bitvector_rmw_is_an_error(mode, monkeypatch):
+    # The DMA's read-modify-write is arithmetic: a bitvector op is refused while tracing, on both executors.
+    @nki.jit
+    def kernel(a):
+        d = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=d, src=a)
+        nisa.dma_copy(dst=d, src=a, dst_rmw_op=nl.bitwise_xor)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, d)
+        return out
+    with pytest.raises(nki.NKIError, match="dst_rmw_op.*bitvector op"):
+        _run(mode, kernel, torch.arange(12, dtype=torch.int32).reshape(3, 4).to("neuron"), monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("mode", ["interpreter", "native"])
+def test_partition_bitvector_reduce_is_exact(mode, monkeypatch):
+    # Integer semantics: int32 values past 2^24 (which fp32 would round) and negative ones stay exact.
+    @nki.jit
+    def kernel(a):
+        t = nl.load(a)
+        d = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        e = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_partition_reduce(dst=d, op=nl.bitwise_or, data=t)
+        nisa.tensor_partition_reduce(dst=e, op=nl.bitwise_and, data=t)
+        o1 = nl.ndarray(d.shape, dtype=d.dtype, buffer=nl.shared_hbm)
+        o2 = nl.ndarray(e.shape, dtype=e.dtype, buffer=nl.shared_hbm)
+        nl.store(o1, d)
+        nl.store(o2, e)
+        return o1, o2
+    a = torch.randint(-(2**31), 2**31 - 1, (37, 10), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+    a[:, 0] = 2**24 + 1
+    o, n = _run(mode, kernel, a.to("neuron"), monkeypatch=monkeypatch)
+    want_or, want_and = a[0:1].clone(), a[0:1].clone()
+    for p in range(1, a.shape[0]):
+        want_or, want_and = want_or | a[p:p + 1], want_and & a[p:p + 1]
+    assert torch.equal(o.cpu(), want_or) and torch.equal(n.cpu(), want_and)
+    assert o[0, 0].item() == 2**24 + 1
+
+
+def test_where_of_numbers_only_is_an_error(monkeypatch):
+    # No tile: no result shape (it used to fail inside the shape broadcast).
+    @nki.jit
+    def kernel(a):
+        r = nl.where(1, 2**40, 3, dtype=nl.int32)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+    with pytest.raises(nki.NKIError, match="where.*must be a tile"):
+        _run("interpreter", kernel, torch.zeros(2, 3, dtype=torch.int32).to("neuron"), monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("cap", [2.5, -1, True, 1 << 62])
+@pytest.mark.parametrize("mode", ["interpreter", "native"])
+def test_while_loop_max_iterations_checked(cap, mode, monkeypatch):
+    # A device loop's cap is an integer in [0, 2^62): anything else is refused while tracing, on both executors.
+    x = torch.ones(4, 8).to("neuron")
+    with pytest.raises(nki.NKIError, match="max_iterations"):
+        _run(mode, _capped, x, 3.0, cap, monkeypatch=monkeypatch)
