@@ -677,7 +677,7 @@ def test_native_exp_chunk_forms_identical(monkeypatch):
 
 def test_native_exp_builds_agree():
     # The vectorised exp gives the same bits in every build (4, 8 or 16 lanes
-    # and the scalar tail run the same fp32 steps).
+    # and the scalar tail run the same fp32 steps), inside SwiGLU's fused loop too.
     from conftest import run_json
     cpu = open("/proc/cpuinfo").read()
     isas = ["generic"] + [i for i, flag in (("avx2", "avx2"), ("avx512", "avx512bw")) if flag in cpu]
@@ -690,8 +690,14 @@ def test_native_exp_builds_agree():
         os.environ["NKI_EXECUTOR"] = "native"
         x = T._exp_edges()
         xs = (x, T._exp_in_range())  # the long and the short (in-range) form
-        print(json.dumps({fn: [hashlib.sha256(T._bits(T._activate(v, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
-                               for v in xs] for fn in T._EXP_FNS}))
+        got = {fn: [hashlib.sha256(T._bits(T._activate(v, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
+                    for v in xs] for fn in T._EXP_FNS}
+        for dt in (torch.float32, torch.bfloat16):  # the fused activation and multiply (gate_mul)
+            g, u = T._gate_inputs(300, 1100, dt)
+            for fn in ("silu", "sigmoid"):
+                out = T._gate_kernel(fn, T.nl.multiply)(g, u)
+                got[f"{fn} fused {dt}"] = hashlib.sha256(T._bits(out).numpy().tobytes()).hexdigest()
+        print(json.dumps(got))
     """
     got = {isa: run_json(code % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})
            for isa in isas}
