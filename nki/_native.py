@@ -737,6 +737,43 @@ def _fill_sentinel(low, st):
     low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
 
 
+def _fuse_activation(low, bound):
+    """Folds ``activation(s, fn, g)`` into the ``scalar_tensor_tensor`` right
+    after it that reads s as its data, when nothing else touches s: one record
+    computing ``op1(op0(fn(g), operand0), operand1)`` (w[8] = fn), so s (an fp32
+    tile, scale 1, no bias or reduction) never goes to memory. Its rows are the
+    fp32 values the activation would have stored: the same bits. SwiGLU's silu
+    and multiply become one pass over memory (csrc/runtime/nki/Kernels.inc
+    stt_act_run)."""
+    refs = {}
+    for outs, ins in low.access:
+        for sid in {v.storage.id for v in outs + ins}:
+            refs[sid] = refs.get(sid, 0) + 1
+    k = 0
+    while k + 1 < len(low.words):
+        a, b = low.words[k], low.words[k + 1]
+        if not (a[0] == OP_ACT and b[0] == OP_STT and a[1:3] == [0, 0] and a[5:9] == [-1, -2, _CMD["idle"], -1]
+                and low.imms[k][0] == 1.0 and b[2] == 0 and b[8] == -1 and len(low.access[k][1]) == 1):
+            k += 1
+            continue
+        (s,), (g,) = low.access[k]
+        (y,), (d, *rest) = low.access[k + 1]
+        sid = s.storage.id
+        if not (_same_view(d, s) and sid not in bound and low.dtypes[sid] == torch.float32 and refs[sid] == 2
+                and y.storage.id != g.storage.id and s.shape[0] == g.shape[0] and s.size == g.size
+                and all(v.storage.id != sid for v in rest)):
+            k += 1
+            continue
+        fused = list(b)
+        fused[HEADER + VIEW_WORDS:HEADER + 2 * VIEW_WORDS] = a[HEADER + VIEW_WORDS:HEADER + 2 * VIEW_WORDS]
+        fused[8] = a[3]
+        low.words[k:k + 2] = [fused]
+        low.imms[k:k + 2] = [low.imms[k + 1]]
+        low.access[k:k + 2] = [([y], [g] + rest)]
+        low.mixing[k:k + 2] = [low.mixing[k] or low.mixing[k + 1]]
+        k += 1
+
+
 def _link_loops(words):
     heads = []
     for r, w in enumerate(words):
@@ -861,6 +898,7 @@ class NativeProgram:
         if fills:
             for lst in (low.words, low.imms, low.access, low.mixing):
                 lst[:] = lst[-fills:] + lst[:-fills]
+        _fuse_activation(low, bound)
         _link_loops(low.words)
         _schedule(low)
         # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a

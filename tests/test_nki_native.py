@@ -677,7 +677,7 @@ def test_native_exp_chunk_forms_identical(monkeypatch):
 
 def test_native_exp_builds_agree():
     # The vectorised exp gives the same bits in every build (4, 8 or 16 lanes
-    # and the scalar tail run the same fp32 steps).
+    # and the scalar tail run the same fp32 steps), inside SwiGLU's fused loop too.
     from conftest import run_json
     cpu = open("/proc/cpuinfo").read()
     isas = ["generic"] + [i for i, flag in (("avx2", "avx2"), ("avx512", "avx512bw")) if flag in cpu]
@@ -690,13 +690,95 @@ def test_native_exp_builds_agree():
         os.environ["NKI_EXECUTOR"] = "native"
         x = T._exp_edges()
         xs = (x, T._exp_in_range())  # the long and the short (in-range) form
-        print(json.dumps({fn: [hashlib.sha256(T._bits(T._activate(v, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
-                               for v in xs] for fn in T._EXP_FNS}))
+        got = {fn: [hashlib.sha256(T._bits(T._activate(v, fn, 0.75, 0.25)).numpy().tobytes()).hexdigest()
+                    for v in xs] for fn in T._EXP_FNS}
+        for dt in (torch.float32, torch.bfloat16):  # the fused activation and multiply (gate_mul)
+            g, u = T._gate_inputs(300, 1100, dt)
+            for fn in ("silu", "sigmoid"):
+                out = T._gate_kernel(fn, T.nl.multiply)(g, u)
+                got[f"{fn} fused {dt}"] = hashlib.sha256(T._bits(out).numpy().tobytes()).hexdigest()
+        print(json.dumps(got))
     """
     got = {isa: run_json(code % (os.path.dirname(os.path.abspath(__file__)), isa), env={"NKI_KERNEL_ISA": isa})
            for isa in isas}
     for isa in isas[1:]:
         assert got[isa] == got["generic"], (isa, got)
+
+
+def _gate_kernel(fn, op1, reuse=False):
+    """A fresh jit kernel (its own trace and plan) of SwiGLU's form:
+    activation(s, fn, g) into an fp32 tile, then (s * 1.5) op1 u rounded to
+    g's dtype; ``reuse`` reads s again afterwards (nothing to fuse then)."""
+    def gate(gate, up):
+        rows, F = gate.shape
+        out = nl.ndarray((rows, F), dtype=gate.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range((rows + 127) // 128):
+            p = min(128, rows - i * 128)
+            g = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
+            u = nl.ndarray((p, F), dtype=up.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=g, src=gate[i * 128:i * 128 + p])
+            nisa.dma_copy(dst=u, src=up[i * 128:i * 128 + p])
+            s = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=s, op=getattr(nl, fn), data=g)
+            y = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
+            nisa.scalar_tensor_tensor(dst=y, data=s, op0=nl.multiply, operand0=1.5, op1=op1, operand1=u)
+            if reuse:
+                nisa.tensor_tensor(dst=y, data1=y, data2=s, op=nl.add)
+            nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
+        return out
+    return nki.jit(gate)
+
+
+def _gate_inputs(rows, cols, dtype):
+    """In-range rows (the short exp form) and rows of exp's edges (the long one),
+    ``cols`` past a 512-element chunk with a tail."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(rows, cols, generator=g) * 4
+    edges = _exp_edges().reshape(-1)
+    x[1::3] = edges[torch.randint(0, edges.numel(), (x[1::3].numel(),), generator=g)].reshape(x[1::3].shape)
+    return x.to(dtype), (torch.randn(rows, cols, generator=g) * 2).to(dtype)
+
+
+# (fp16: the gathered-row form)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+# (2100, 2048): an output of 8 MiB and more, stored with streaming stores (bf16: 8.2 MiB).
+@pytest.mark.parametrize("rows,cols", [(300, 1100), (2100, 2048)])
+def test_native_fused_activation_multiply(dtype, rows, cols, monkeypatch):
+    # An activation into an fp32 tile that only the next scalar_tensor_tensor
+    # reads is folded into it (nki/_native.py _fuse_activation): the same bits
+    # as the two records, for silu and sigmoid (SwiGLU's one-loop form), exp
+    # (the chunked form) and an add as op1 (the row form); NaN, inf and large
+    # values included.
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g, u = _gate_inputs(rows, cols, dtype)
+    for fn, op1 in (("silu", nl.multiply), ("sigmoid", nl.multiply), ("exp", nl.multiply), ("silu", nl.add)):
+        fused = _gate_kernel(fn, op1)
+        ops = _native.plan(fused.trace((g, u)), True).words.reshape(-1, _native.RECORD)[:, 0].tolist()
+        assert _native.OP_ACT not in ops and _native.OP_STT in ops, (fn, ops)
+        out = fused(g, u)
+        with monkeypatch.context() as m:
+            m.setattr(_native, "_fuse_activation", lambda low, bound: None)
+            two = _gate_kernel(fn, op1)
+            assert _native.OP_ACT in _native.plan(two.trace((g, u)), True).words.reshape(-1, _native.RECORD)[:, 0]
+            _same_bits(out, two(g, u))
+        if rows < 1000:  # and within the transcendental tolerance of the interpreter
+            ref = _run("interpreter", fused, g, u, monkeypatch=monkeypatch)
+            monkeypatch.setenv("NKI_EXECUTOR", "native")
+            assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+            fin = ref.isfinite() & out.isfinite()
+            tol = 5e-6 if dtype == torch.float32 else 8e-3 if dtype == torch.bfloat16 else 1e-3
+            _close(out[fin].float(), ref[fin].float(), rtol=tol, atol=1e-4)
+
+
+def test_native_fusion_needs_a_dead_tile(monkeypatch):
+    # s read again after the multiply: two records, and the result of both.
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g, u = _gate_inputs(128, 600, torch.float32)
+    kernel = _gate_kernel("silu", nl.multiply, reuse=True)
+    ops = _native.plan(kernel.trace((g, u)), True).words.reshape(-1, _native.RECORD)[:, 0].tolist()
+    assert _native.OP_ACT in ops
+    s = torch.nn.functional.silu(g)
+    _close(kernel(g, u), (s * 1.5) * u + s, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2"])

@@ -200,11 +200,42 @@ TEST(NkiExecutor, RejectsMalformedTables) {
   throws([](int64_t* w, Table&) { w[nk::kHeader + 3] = 200; }, "spans elements");
   throws([](int64_t*, Table& t) { t.imms.pop_back(); }, "2 immediates per record");
   throws([](int64_t*, Table& t) { t.words.pop_back(); }, "whole number");
+  Table fused;  // a scalar_tensor_tensor's fused activation (w[8]) is a known function
+  fused.add({nk::OP_STT, 0, 0, nk::A_MUL, 0, -1, nk::A_MUL, 0, nk::kNumFn}, {rows(1, P, F), rows(0, P, F), rows(0, P, F)});
+  EXPECT_THROW(nk::Program(fused.words, fused.imms, two, 0, "bad"), neuronrt::Error);
   EXPECT_THROW(nk::Program({}, {}, {{nk::F32, 4, 0}}, 8, "arena"), neuronrt::Error);  // 16 bytes > 8
   EXPECT_THROW(nk::Program({}, {}, {{nk::kNumDTypes, 4, -1}}, 0, "dtype"), neuronrt::Error);
   auto ok = build([](int64_t*, Table&) {});
   std::vector<float> a(P * F);
   EXPECT_THROW(nk::execute(ok, {a.data()}, 1), neuronrt::Error);  // one bound buffer of two
+}
+
+TEST(NkiExecutor, ScalarTensorTensorWithFusedActivation) {
+  // w[8]: data goes through an activation first (nki/_native.py _fuse_activation):
+  // out = (relu(x) * 2) * y, fp32 and bf16 data (the one-pass row forms) and fp16
+  // (gathered rows); 700 columns: a 512-element chunk and a tail. Exact here.
+  const int64_t P = 3, F = 700;
+  for (int64_t dt : {int64_t(nk::F32), int64_t(nk::BF16), int64_t(nk::F16)}) {
+    Table t;
+    t.add({nk::OP_STT, 0, 0, nk::A_MUL, 0, -1, nk::A_MUL, 0, nk::F_RELU}, {rows(2, P, F), rows(0, P, F), rows(1, P, F)},
+          2.0);
+    std::vector<float> xf(P * F), y(P * F), out(P * F);
+    std::vector<uint16_t> xh(P * F);
+    for (int64_t i = 0; i < P * F; ++i) {
+      xf[i] = float(i % 17) - 8.0f;
+      y[i] = float(i % 5) * 0.5f;
+      xh[i] = dt == nk::BF16 ? to_bf16(xf[i]) : uint16_t(0);
+    }
+    if (dt == nk::F16)  // small integers: fp16 bits by hand (sign, exponent, 10-bit fraction)
+      for (int64_t i = 0; i < P * F; ++i) {
+        const float v = std::fabs(xf[i]);
+        const int e = v == 0 ? 0 : int(std::floor(std::log2(v)));
+        xh[i] = uint16_t((xf[i] < 0 ? 0x8000 : 0) | (v == 0 ? 0 : ((e + 15) << 10) | int((v / std::ldexp(1.0f, e) - 1) * 1024)));
+      }
+    nk::Program prog(t.words, t.imms, {{dt, P * F, -1}, {nk::F32, P * F, -1}, {nk::F32, P * F, -1}}, 0, "fused");
+    nk::execute(prog, {dt == nk::F32 ? static_cast<void*>(xf.data()) : xh.data(), y.data(), out.data()}, 1);
+    for (int64_t i = 0; i < P * F; ++i) ASSERT_EQ(out[i], std::max(xf[i], 0.0f) * 2.0f * y[i]) << dt << " " << i;
+  }
 }
 
 TEST(NkiExecutor, MatmulOverwritesThenAccumulates) {

@@ -238,6 +238,8 @@ void Program::check_record(int64_t i) const {
       alu(w[6], false);
       operand(w[5], false);
       same_rows(view(i, 2));
+      // w[8]: an activation applied to data first (-1: none)
+      if (w[8] < -1 || w[8] >= kNumFn) fail("unknown activation function " + std::to_string(w[8]));
       break;
     case OP_ACT: {
       if (w[3] < 0 || w[3] >= kNumFn) fail("unknown activation function " + std::to_string(w[3]));

@@ -47,7 +47,7 @@ enum Opcode : int64_t {
   OP_COPY = 1,  // flat row-major copy (dma_copy, tensor_copy, load/store)
   OP_TT = 2,    // tensor_tensor
   OP_TS = 3,    // tensor_scalar
-  OP_STT = 4,   // scalar_tensor_tensor
+  OP_STT = 4,   // scalar_tensor_tensor (w[8] >= 0: data goes through that activation first)
   OP_ACT = 5,   // activation (+ accumulator registers)
   OP_TRED = 6,  // tensor_reduce over trailing free elements
   OP_NOP = 7,   // (profiling: a record switched off)
