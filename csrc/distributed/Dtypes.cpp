@@ -197,11 +197,10 @@ at::Tensor padded_bytes(const at::Tensor& input, int64_t block) {
   return p;
 }
 
-void copy_blocks(const std::vector<at::Tensor>& outs, const at::Tensor& gathered, int64_t block) {
-  std::vector<at::Tensor> hostOuts = host_view(outs);
+void copy_blocks(const std::vector<at::Tensor>& hostOuts, const at::Tensor& gathered, int64_t block) {
   for (size_t r = 0; r < hostOuts.size(); ++r) {
-    at::Tensor& o = hostOuts[r];
-    if (o.numel() == 0) continue;
+    at::Tensor o = hostOuts[r];
+    if (!o.defined() || o.numel() == 0) continue;
     const int64_t bytes = o.numel() * static_cast<int64_t>(o.element_size());
     o.copy_(gathered.narrow(0, static_cast<int64_t>(r) * block, bytes).view(o.scalar_type()).view(o.sizes()));
   }

@@ -46,10 +46,10 @@ std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& list
 at::Tensor cat_flat(const std::vector<at::Tensor>& ts);
 // all_gather into outputs of different sizes runs over blocks of the largest
 // output's bytes: each rank's input padded to a block, and each gathered
-// block's leading bytes copied to its output.
+// block's leading bytes copied to its host output (undefined: skipped).
 int64_t largest_bytes(const std::vector<at::Tensor>& outs);
 at::Tensor padded_bytes(const at::Tensor& input, int64_t block);
-void copy_blocks(const std::vector<at::Tensor>& outs, const at::Tensor& gathered, int64_t block);
+void copy_blocks(const std::vector<at::Tensor>& hostOuts, const at::Tensor& gathered, int64_t block);
 // The device the work's future reports: the neuron device of the tensors,
 // none for CPU-only collectives.
 std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {});

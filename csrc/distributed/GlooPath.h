@@ -1,10 +1,12 @@
 // The Gloo path of the `neuron` c10d backend. Device memory is host memory,
 // so every neuron tensor is handed to a per-group ProcessGroupGloo as a
-// zero-copy CPU alias. A collective on this path is data (GlooCall): what the
-// ranks compare, which tensors the transport touches, and how to issue it on
-// host views; ProcessGroupNeuron::runOnGloo runs every one the same way:
-// agree, expose (synchronize the streams, take the runtime's host access),
-// prepare, launch, complete. The p2p argument check is here too.
+// zero-copy CPU alias. A collective is data (Collective): what the ranks
+// compare, which tensors the transport touches, its shared-memory body where
+// it has one (ShmPath.h), and how to issue it on host views otherwise;
+// ProcessGroupNeuron::run runs every one: on shared memory, or on Gloo the
+// same way each time: agree, expose (synchronize the streams, take the
+// runtime's host access), prepare, launch, complete. The p2p argument check
+// is here too.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "csrc/distributed/Dtypes.h"
+#include "csrc/distributed/ShmPath.h"
 
 namespace c10d::neuron_pg {
 
@@ -27,9 +30,10 @@ struct Issued {
   std::function<void()> after;
 };
 
-// One collective on the Gloo path. `prepare` runs once the streams of
+// One collective. With `shm` set it runs on shared memory (a launch named
+// `kernel`); otherwise on Gloo, where `prepare` runs once the streams of
 // `outputs` and `inputs` are synchronized (it may read their data).
-struct GlooCall {
+struct Collective {
   OpType type;
   std::chrono::milliseconds timeout;
   // What the argument agreement compares (Agreement.h).
@@ -37,6 +41,8 @@ struct GlooCall {
   int64_t redop = -1;
   std::vector<at::Tensor> outputs;  // the work's result
   std::vector<at::Tensor> inputs;   // exposed with the outputs
+  ShmPath::Body shm = nullptr;
+  const char* kernel = nullptr;
   std::function<Issued()> prepare;
   std::vector<int64_t> inSplits = {}, outSplits = {};  // all_to_all, in elements
 };
@@ -88,6 +94,13 @@ std::function<Issued()> scattered(std::vector<at::Tensor> outputs, std::vector<a
                   [after = copy_back(hostOut, out), in] { after(); }};
   };
 }
+
+// all_gather into outputs of different sizes (NCCL gathers them; Gloo
+// refuses): every rank pads its input to the largest output's bytes, the
+// padded blocks are gathered as bytes, and each block's leading bytes go to
+// its output.
+std::function<Issued()> gathered_unevenly(c10::intrusive_ptr<Backend> gloo, std::vector<at::Tensor> outs,
+                                          at::Tensor input, AllgatherOptions opts);
 
 // Gloo checks outputs against inputs (or splits them along dimension 0):
 // where both are contiguous it gets flat views (only of the outputs when
