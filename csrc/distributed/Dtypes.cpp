@@ -112,10 +112,6 @@ std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Ten
   };
 }
 
-ReduceOp gloo_op(const ReduceOp& op) {
-  return op.op_ == ReduceOp::PREMUL_SUM ? ReduceOp(ReduceOp::SUM) : op;
-}
-
 // The device the work's future reports: the neuron device of the outputs
 // (or inputs), none for CPU-only collectives.
 std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
@@ -148,7 +144,7 @@ std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t) {
   }
 }
 
-// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_op).
+// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_opts).
 std::optional<neuronrt::ShmReduceOp> shm_op(ReduceOp::RedOpType op) {
   switch (op) {
     case ReduceOp::SUM: case ReduceOp::PREMUL_SUM: return neuronrt::ShmReduceOp::Sum;

@@ -61,8 +61,12 @@ std::vector<at::Tensor> reduction_input(const std::vector<at::Tensor>& hs, const
 // Copies scratch results back into the caller's tensors (no-op where the
 // transport reduced in place).
 std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Tensor> src);
-// The op Gloo runs: PREMUL_SUM is SUM over the scaled scratch.
-ReduceOp gloo_op(const ReduceOp& op);
+// The options Gloo runs with: PREMUL_SUM is SUM over the scaled scratch.
+template <class Opts>
+Opts gloo_opts(Opts opts) {
+  if (opts.reduceOp.op_ == ReduceOp::PREMUL_SUM) opts.reduceOp = ReduceOp(ReduceOp::SUM);
+  return opts;
+}
 
 // The shared-memory engine's element type and op, if it has them.
 std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t);

@@ -57,7 +57,7 @@ std::function<Issued()> moved(Outs outs, Ins ins, Run run) {
 }
 
 // The shape of the in-place reductions: Gloo reduces the prepared inputs
-// (scaled, widened) with gloo_op, and the results are copied back. Without
+// (scaled, widened) with gloo_opts, and the results are copied back. Without
 // `keepResult` (reduce on a non-root rank, whose tensors stay as they were)
 // Gloo works through a scratch: the prepared copy, else a copy of the input.
 template <class Opts, class Run>
@@ -68,29 +68,28 @@ std::function<Issued()> reduced(std::vector<at::Tensor> tensors, Opts opts, Run 
     for (size_t i = 0; i < in.size() && !keepResult; ++i) {
       if (in[i].is_same(host[i])) in[i] = host[i].clone(at::MemoryFormat::Contiguous);
     }
-    Opts o = opts;
-    o.reduceOp = gloo_op(opts.reduceOp);
-    return Issued{[in, o, run]() mutable { return run(in, o); },
+    return Issued{[in, o = gloo_opts(opts), run]() mutable { return run(in, o); },
                   keepResult ? copy_back(host, in) : std::function<void()>([in] {})};
   };
 }
 
-// The shape of the tensor reduce-scatters: Gloo reduces the prepared inputs
-// into the outputs (scratch outputs of the widened dtype, copied back).
+// The shape of the reduce-scatters: Gloo reduces the prepared inputs into
+// the outputs (scratch outputs of the widened dtype, copied back). The list
+// form (`concatenated`: one output, its inputs one per rank) runs as the
+// tensor form over their flat concatenation.
 template <class Run>
 std::function<Issued()> scattered(std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
-                                  ReduceScatterOptions opts, Run run) {
-  return [outputs, inputs, opts, run]() {
+                                  ReduceScatterOptions opts, Run run, bool concatenated = false) {
+  return [outputs, inputs, opts, run, concatenated]() {
     auto hostOut = host_view(outputs);
-    auto in = reduction_input(host_view(inputs), opts.reduceOp);
+    auto in = reduction_input(concatenated ? std::vector<at::Tensor>{cat_flat(inputs)} : host_view(inputs),
+                              opts.reduceOp);
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < hostOut.size(); ++i) {
       const auto dtype = in[i].scalar_type();
       out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
     }
-    ReduceScatterOptions o = opts;
-    o.reduceOp = gloo_op(opts.reduceOp);
-    return Issued{[run, out, in, o]() mutable { return run(out, in, o); },
+    return Issued{[run, out, in, o = gloo_opts(opts)]() mutable { return run(out, in, o); },
                   [after = copy_back(hostOut, out), in] { after(); }};
   };
 }

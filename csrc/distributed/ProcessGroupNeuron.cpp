@@ -280,10 +280,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::tensorForm(OpType type, const char*
     check_world_sized(op, size_, inputs, outputs, gathers, coalesced);
     if constexpr (!gathers) check_reduction_arg(inputs, opts.reduceOp, op);
   });
-  Collective call{.type = type, .timeout = opts.timeout, .agreed = inputs, .outputs = outputs, .inputs = inputs};
+  Collective call{.type = type, .timeout = opts.timeout, .agreed = inputs, .outputs = outputs, .inputs = inputs,
+                  .kernel = gathers ? "c10d::_allgather_base_ (shm)" : "c10d::_reduce_scatter_base_ (shm)"};
   if constexpr (gathers) {
     if (shm_ && !coalesced && shm_moves(inputs[0])) call.shm = shm_->allGather(outputs, inputs[0]);
-    call.kernel = "c10d::_allgather_base_ (shm)";
     // An output is any contiguous tensor of world x input elements (as NCCL
     // takes it; SyncBatchNorm passes [1, world * n]). Gloo splits it along
     // dim 0, so it gets the flat views.
@@ -296,7 +296,6 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::tensorForm(OpType type, const char*
     if (shm_ && !coalesced && shm_reduces(inputs[0], opts.reduceOp)) {
       call.shm = shm_->reduceScatter(outputs[0], inputs, opts.reduceOp);
     }
-    call.kernel = "c10d::_reduce_scatter_base_ (shm)";
     call.prepare = scattered(outputs, inputs, opts, [gloo = gloo_, coalesced](auto& out, auto& in, auto& o) {
       return coalesced ? gloo->reduce_scatter_tensor_coalesced(out, in, o)
                        : gloo->_reduce_scatter_base(out[0], in[0], o);
@@ -400,22 +399,14 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
     for (size_t r = 0; r < inputs[0].size(); ++r) check_like(op, inputs[0][r], c10::str("input ", r), outputs[0], "output");
     check_reduction_arg(inputs[0], opts.reduceOp, op);
   });
-  // The list form runs as the flat form over one contiguous scratch input
-  // (scaled or widened as needed) and a scratch output copied back.
-  auto prepare = [gloo = gloo_, output = outputs[0], ins = inputs[0], opts] {
-    at::Tensor in = reduction_input(cat_flat(ins), opts.reduceOp);
-    at::Tensor hostOut = host_view(output);
-    at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
-    ReduceScatterOptions o = opts;
-    o.reduceOp = gloo_op(opts.reduceOp);
-    return Issued{[gloo, out, in, o]() mutable { return gloo->_reduce_scatter_base(out, in, o); },
-                  [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); }};
-  };
   const bool onShm = shm_ && shm_reduces(outputs[0], opts.reduceOp);
   return run({.type = OpType::REDUCE_SCATTER, .timeout = opts.timeout, .agreed = outputs, .redop = opts.reduceOp.op_,
               .outputs = outputs, .inputs = flatten(inputs),
               .shm = onShm ? shm_->reduceScatter(outputs[0], inputs[0], opts.reduceOp) : nullptr,
-              .kernel = "c10d::reduce_scatter_ (shm)", .prepare = prepare});
+              .kernel = "c10d::reduce_scatter_ (shm)",
+              .prepare = scattered(outputs, inputs[0], opts, [gloo = gloo_](auto& out, auto& in, auto& o) {
+                return gloo->_reduce_scatter_base(out[0], in[0], o);
+              }, /*concatenated=*/true)});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -483,11 +474,8 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
                     return gloo->alltoall_base(out, in, outSplits, inSplits, opts);
                   },
                   [hostOuts, out, outSplits, in]() mutable {
-                    int64_t offset = 0;
-                    for (size_t i = 0; i < hostOuts.size(); ++i) {
-                      hostOuts[i].copy_(out.narrow(0, offset, outSplits[i]).view(hostOuts[i].sizes()));
-                      offset += outSplits[i];
-                    }
+                    const auto parts = out.split_with_sizes(outSplits);
+                    for (size_t i = 0; i < hostOuts.size(); ++i) hostOuts[i].copy_(parts[i].view(hostOuts[i].sizes()));
                   }};
   };
   return run({.type = OpType::ALLTOALL, .timeout = opts.timeout, .agreed = {inputs.at(0)}, .outputs = outputs,
@@ -499,17 +487,16 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tenso
   auto access = expose(tensors);
   auto host = to_host(tensors);
   auto message = [gloo = gloo_, host, dstRank, tag]() mutable { return gloo->send(host, dstRank, tag); };
-  if (!checkAgreement_ || tensors.size() != 1) {
-    // Gloo sends straight from the buffer: keep the aliases alive until done.
-    return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors, {message, [host]() {}});
+  // Gloo sends straight from the buffer: keep the aliases alive until done.
+  std::function<void()> after = [host] {};
+  if (checkAgreement_ && tensors.size() == 1) {
+    std::vector<at::Tensor> header{p2p_header(tensors[0], rank_)};
+    auto headerWork = gloo_->send(header, dstRank, p2p_header_tag(tag));
+    // The header left before the message (same pair, FIFO): its work is done
+    // by the time the message's is, and this is its only waiter.
+    after = [host, header, headerWork, timeout = effectiveTimeout(kUnsetTimeout)] { headerWork->wait(timeout); };
   }
-  std::vector<at::Tensor> header{p2p_header(tensors[0], rank_)};
-  auto headerWork = gloo_->send(header, dstRank, p2p_header_tag(tag));
-  const auto timeout = effectiveTimeout(kUnsetTimeout);
-  // The header left before the message (same pair, FIFO): its work is done
-  // by the time the message's is, and this is its only waiter.
-  return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors,
-                {message, [host, header, headerWork, timeout]() { headerWork->wait(timeout); }});
+  return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors, {message, after});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,
