@@ -87,7 +87,11 @@ std::function<Issued()> scattered(std::vector<at::Tensor> outputs, std::vector<a
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < hostOut.size(); ++i) {
       const auto dtype = in[i].scalar_type();
-      out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
+      if (concatenated) {  // Gloo splits along dimension 0: a flat output for the flat input
+        out.push_back(at::empty({hostOut[i].numel()}, hostOut[i].options().dtype(dtype)));
+      } else {
+        out.push_back(dtype == hostOut[i].scalar_type() ? hostOut[i] : hostOut[i].to(dtype));
+      }
     }
     return Issued{[run, out, in, o = gloo_opts(opts)]() mutable { return run(out, in, o); },
                   [after = copy_back(hostOut, out), in] { after(); }};
