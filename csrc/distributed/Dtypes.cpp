@@ -112,10 +112,6 @@ std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Ten
   };
 }
 
-ReduceOp gloo_op(const ReduceOp& op) {
-  return op.op_ == ReduceOp::PREMUL_SUM ? ReduceOp(ReduceOp::SUM) : op;
-}
-
 // The device the work's future reports: the neuron device of the outputs
 // (or inputs), none for CPU-only collectives.
 std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
@@ -148,7 +144,7 @@ std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t) {
   }
 }
 
-// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_op).
+// PREMUL_SUM reaches the engine as SUM over the scaled scratch (gloo_opts).
 std::optional<neuronrt::ShmReduceOp> shm_op(ReduceOp::RedOpType op) {
   switch (op) {
     case ReduceOp::SUM: case ReduceOp::PREMUL_SUM: return neuronrt::ShmReduceOp::Sum;
@@ -197,11 +193,10 @@ at::Tensor padded_bytes(const at::Tensor& input, int64_t block) {
   return p;
 }
 
-void copy_blocks(const std::vector<at::Tensor>& outs, const at::Tensor& gathered, int64_t block) {
-  std::vector<at::Tensor> hostOuts = host_view(outs);
+void copy_blocks(const std::vector<at::Tensor>& hostOuts, const at::Tensor& gathered, int64_t block) {
   for (size_t r = 0; r < hostOuts.size(); ++r) {
-    at::Tensor& o = hostOuts[r];
-    if (o.numel() == 0) continue;
+    at::Tensor o = hostOuts[r];
+    if (!o.defined() || o.numel() == 0) continue;
     const int64_t bytes = o.numel() * static_cast<int64_t>(o.element_size());
     o.copy_(gathered.narrow(0, static_cast<int64_t>(r) * block, bytes).view(o.scalar_type()).view(o.sizes()));
   }

@@ -46,10 +46,10 @@ std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& list
 at::Tensor cat_flat(const std::vector<at::Tensor>& ts);
 // all_gather into outputs of different sizes runs over blocks of the largest
 // output's bytes: each rank's input padded to a block, and each gathered
-// block's leading bytes copied to its output.
+// block's leading bytes copied to its host output (undefined: skipped).
 int64_t largest_bytes(const std::vector<at::Tensor>& outs);
 at::Tensor padded_bytes(const at::Tensor& input, int64_t block);
-void copy_blocks(const std::vector<at::Tensor>& outs, const at::Tensor& gathered, int64_t block);
+void copy_blocks(const std::vector<at::Tensor>& hostOuts, const at::Tensor& gathered, int64_t block);
 // The device the work's future reports: the neuron device of the tensors,
 // none for CPU-only collectives.
 std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {});
@@ -61,8 +61,12 @@ std::vector<at::Tensor> reduction_input(const std::vector<at::Tensor>& hs, const
 // Copies scratch results back into the caller's tensors (no-op where the
 // transport reduced in place).
 std::function<void()> copy_back(std::vector<at::Tensor> dst, std::vector<at::Tensor> src);
-// The op Gloo runs: PREMUL_SUM is SUM over the scaled scratch.
-ReduceOp gloo_op(const ReduceOp& op);
+// The options Gloo runs with: PREMUL_SUM is SUM over the scaled scratch.
+template <class Opts>
+Opts gloo_opts(Opts opts) {
+  if (opts.reduceOp.op_ == ReduceOp::PREMUL_SUM) opts.reduceOp = ReduceOp(ReduceOp::SUM);
+  return opts;
+}
 
 // The shared-memory engine's element type and op, if it has them.
 std::optional<neuronrt::ShmDtype> shm_dtype(at::ScalarType t);

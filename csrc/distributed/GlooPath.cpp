@@ -59,6 +59,17 @@ void p2p_compare(const at::Tensor& header, const at::Tensor& expected, int rank,
   }
 }
 
+std::function<Issued()> gathered_unevenly(c10::intrusive_ptr<Backend> gloo, std::vector<at::Tensor> outs,
+                                          at::Tensor input, AllgatherOptions opts) {
+  return [gloo, outs, input, opts] {
+    const int64_t block = largest_bytes(outs);
+    at::Tensor in = padded_bytes(input, block);
+    at::Tensor out = at::empty({block * gloo->getSize()}, at::kByte);
+    return Issued{[gloo, in, out, opts]() mutable { return gloo->_allgather_base(out, in, opts); },
+                  [outs, out, in, block] { copy_blocks(host_view(outs), out, block); }};
+  };
+}
+
 void flat_views(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins, bool flattenInputs) {
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].is_contiguous() || !ins[i].is_contiguous()) continue;
@@ -93,7 +104,8 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::launch(std::shared_ptr<void> access
   return work;
 }
 
-c10::intrusive_ptr<Work> ProcessGroupNeuron::runOnGloo(const neuron_pg::GlooCall& call) {
+c10::intrusive_ptr<Work> ProcessGroupNeuron::run(const neuron_pg::Collective& call) {
+  if (call.shm) return launchShm(call);
   agree(call.type, call.timeout,
         neuron_pg::agreement_words(call.type, size_, call.agreed, call.inSplits, call.outSplits, call.redop));
   auto access = expose(call.outputs, call.inputs);

@@ -1,7 +1,7 @@
 // The `neuron` c10d backend: per collective, this rank's argument checks,
 // then the shared-memory path (ShmPath) or the Gloo path (GlooPath); plus the
-// constructor, split, settings and abort/shutdown. Slightly over 600 lines:
-// twenty collectives of a few lines each, the c10d::Backend surface.
+// constructor, split, settings and abort/shutdown. The reductions and the
+// tensor forms of all_gather / reduce_scatter share one body each.
 #include "csrc/distributed/ProcessGroupNeuron.h"
 
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <type_traits>
 
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/distributed/Agreement.h"
@@ -191,62 +192,48 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& 
     check_tensors("broadcast", tensors);
     check_root("broadcast", opts.rootRank, size_, "root");
   });
-  return runOnGloo({.type = OpType::BROADCAST, .timeout = opts.timeout, .agreed = tensors, .outputs = tensors,
-                    .prepare = moved(tensors, std::vector<at::Tensor>{}, [gloo = gloo_, opts](auto& t, auto&) {
-                      return gloo->broadcast(t, opts);
-                    })});
+  return run({.type = OpType::BROADCAST, .timeout = opts.timeout, .agreed = tensors, .outputs = tensors,
+              .prepare = moved(tensors, std::vector<at::Tensor>{}, [gloo = gloo_, opts](auto& t, auto&) {
+                return gloo->broadcast(t, opts);
+              })});
+}
+
+template <class Opts>
+c10::intrusive_ptr<Work> ProcessGroupNeuron::reduction(
+    OpType type, const char* op, const char* kernel, std::vector<at::Tensor>& tensors, const Opts& opts, int root,
+    c10::intrusive_ptr<Work> (Backend::*gloo)(std::vector<at::Tensor>&, const Opts&)) {
+  validate(type, opts.timeout, [&] {
+    check_tensors(op, tensors);
+    if (type == OpType::REDUCE) check_root(op, root, size_, "root");
+    check_reduction_arg(tensors, opts.reduceOp, op);
+  });
+  // Only reduce's root receives the result; the other ranks' tensors stay as
+  // they were (NCCL's contract). Gloo's reduce works in place through every
+  // rank's buffer and would leave partial results there, so a non-root rank
+  // hands the transport a scratch (reduced() without keepResult); on shared
+  // memory it is an all_reduce whose result the non-roots drop.
+  const bool keepResult = type != OpType::REDUCE || root == rank_;
+  const bool onShm = shm_ && kernel && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp);
+  return run({.type = type, .timeout = opts.timeout, .agreed = tensors, .redop = opts.reduceOp.op_,
+              .outputs = tensors, .shm = onShm ? shm_->allReduce(tensors[0], opts.reduceOp, keepResult) : nullptr,
+              .kernel = kernel, .prepare = reduced(tensors, opts, [backend = gloo_, gloo](auto& in, auto& o) {
+                return (backend.get()->*gloo)(in, o);
+              }, keepResult)});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors,
                                                        const AllreduceOptions& opts) {
-  validate(OpType::ALLREDUCE, opts.timeout, [&] {
-    check_tensors("all_reduce", tensors);
-    check_reduction_arg(tensors, opts.reduceOp, "all_reduce");
-  });
-  const int64_t redop = opts.reduceOp.op_;
-  if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
-    return launchShm(OpType::ALLREDUCE, opts.timeout, tensors, tensors, "c10d::allreduce_ (shm)",
-                     shm_->allReduce(tensors[0], opts.reduceOp, /*keepResult=*/true), redop);
-  }
-  return runOnGloo({.type = OpType::ALLREDUCE, .timeout = opts.timeout, .agreed = tensors, .redop = redop,
-                    .outputs = tensors, .prepare = reduced(tensors, opts, [gloo = gloo_](auto& in, auto& o) {
-                      return gloo->allreduce(in, o);
-                    })});
+  return reduction(OpType::ALLREDUCE, "all_reduce", "c10d::allreduce_ (shm)", tensors, opts, -1, &Backend::allreduce);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const AllreduceCoalescedOptions& opts) {
-  validate(OpType::ALLREDUCE_COALESCED, opts.timeout, [&] {
-    check_tensors("all_reduce_coalesced", tensors);
-    check_reduction_arg(tensors, opts.reduceOp, "all_reduce_coalesced");
-  });
-  return runOnGloo({.type = OpType::ALLREDUCE_COALESCED, .timeout = opts.timeout, .agreed = tensors,
-                    .redop = opts.reduceOp.op_, .outputs = tensors,
-                    .prepare = reduced(tensors, opts, [gloo = gloo_](auto& in, auto& o) {
-                      return gloo->allreduce_coalesced(in, o);
-                    })});
+  return reduction(OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", nullptr, tensors, opts, -1,
+                   &Backend::allreduce_coalesced);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts) {
-  validate(OpType::REDUCE, opts.timeout, [&] {
-    check_tensors("reduce", tensors);
-    check_root("reduce", opts.rootRank, size_, "root");
-    check_reduction_arg(tensors, opts.reduceOp, "reduce");
-  });
-  const int64_t redop = opts.reduceOp.op_;
-  // Only the root receives the result; the other ranks' tensors stay as they
-  // were (NCCL's contract). Gloo's reduce works in place through every
-  // rank's buffer and would leave partial results there, so a non-root rank
-  // hands the transport a scratch (reduced() without keepResult).
-  const bool root = opts.rootRank == rank_;
-  if (shm_ && tensors.size() == 1 && shm_reduces(tensors[0], opts.reduceOp)) {
-    // An all_reduce whose result the non-roots drop (their scratch).
-    return launchShm(OpType::REDUCE, opts.timeout, tensors, tensors, "c10d::reduce_ (shm)",
-                     shm_->allReduce(tensors[0], opts.reduceOp, /*keepResult=*/root), redop);
-  }
-  auto prepare = reduced(tensors, opts, [gloo = gloo_](auto& in, auto& o) { return gloo->reduce(in, o); }, root);
-  return runOnGloo({.type = OpType::REDUCE, .timeout = opts.timeout, .agreed = tensors, .redop = redop,
-                    .outputs = tensors, .prepare = prepare});
+  return reduction(OpType::REDUCE, "reduce", "c10d::reduce_ (shm)", tensors, opts, opts.rootRank, &Backend::reduce);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -272,59 +259,60 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather(std::vector<std::vector<a
     }
   });
   // The ranks compare the output lists: rank r's input fills output r.
+  // Outputs of different sizes are gathered as NCCL does (Gloo refuses).
   const std::vector<at::Tensor>& outs = outputs[0];
   bool even = true;
   for (const auto& o : outs) even = even && o.numel() == inputs[0].numel();
-  if (!even) return allgatherUneven(outs, inputs[0], opts);
-  if (shm_ && shm_moves(inputs[0])) {
-    return launchShm(OpType::ALLGATHER, opts.timeout, outs, outs, "c10d::allgather_ (shm)",
-                     shm_->allGather(outs, inputs[0]));
-  }
-  return runOnGloo({.type = OpType::ALLGATHER, .timeout = opts.timeout, .agreed = outs, .outputs = outs,
-                    .inputs = inputs, .prepare = moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
-                      return gloo->allgather(o, i, opts);
-                    })});
+  return run({.type = OpType::ALLGATHER, .timeout = opts.timeout, .agreed = outs, .outputs = outs, .inputs = inputs,
+              .shm = shm_ && shm_moves(inputs[0]) ? shm_->allGather(outs, inputs[0]) : nullptr,
+              .kernel = "c10d::allgather_ (shm)",
+              .prepare = even ? moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
+                return gloo->allgather(o, i, opts);
+              }) : gathered_unevenly(gloo_, outs, inputs[0], opts)});
 }
 
-c10::intrusive_ptr<Work> ProcessGroupNeuron::allgatherUneven(const std::vector<at::Tensor>& outs,
-                                                             const at::Tensor& input, const AllgatherOptions& opts) {
-  // Outputs of different sizes (NCCL gathers them; Gloo refuses): every rank
-  // pads its input to the largest output's bytes, the padded blocks are
-  // gathered as bytes, and each block's leading bytes go to its output.
-  const int64_t block = largest_bytes(outs);
-  if (shm_) {
-    return launchShm(OpType::ALLGATHER, opts.timeout, outs, outs, "c10d::allgather_ (shm, uneven)",
-                     shm_->allGatherUneven(outs, input, block));
+template <class Opts>
+c10::intrusive_ptr<Work> ProcessGroupNeuron::tensorForm(OpType type, const char* op, std::vector<at::Tensor> outputs,
+                                                        std::vector<at::Tensor> inputs, const Opts& opts,
+                                                        bool coalesced) {
+  constexpr bool gathers = std::is_same_v<Opts, AllgatherOptions>;
+  validate(type, opts.timeout, [&] {
+    check_world_sized(op, size_, inputs, outputs, gathers, coalesced);
+    if constexpr (!gathers) check_reduction_arg(inputs, opts.reduceOp, op);
+  });
+  Collective call{.type = type, .timeout = opts.timeout, .agreed = inputs, .outputs = outputs, .inputs = inputs,
+                  .kernel = gathers ? "c10d::_allgather_base_ (shm)" : "c10d::_reduce_scatter_base_ (shm)"};
+  if constexpr (gathers) {
+    if (shm_ && !coalesced && shm_moves(inputs[0])) call.shm = shm_->allGather(outputs, inputs[0]);
+    // An output is any contiguous tensor of world x input elements (as NCCL
+    // takes it; SyncBatchNorm passes [1, world * n]). Gloo splits it along
+    // dim 0, so it gets the flat views.
+    call.prepare = moved(outputs, inputs, [gloo = gloo_, opts, coalesced](auto& o, auto& i) {
+      flat_views(o, i);
+      return coalesced ? gloo->allgather_into_tensor_coalesced(o, i, opts) : gloo->_allgather_base(o[0], i[0], opts);
+    });
+  } else {
+    call.redop = opts.reduceOp.op_;
+    if (shm_ && !coalesced && shm_reduces(inputs[0], opts.reduceOp)) {
+      call.shm = shm_->reduceScatter(outputs[0], inputs, opts.reduceOp);
+    }
+    call.prepare = scattered(outputs, inputs, opts, [gloo = gloo_, coalesced](auto& out, auto& in, auto& o) {
+      return coalesced ? gloo->reduce_scatter_tensor_coalesced(out, in, o)
+                       : gloo->_reduce_scatter_base(out[0], in[0], o);
+    });
   }
-  auto prepare = [gloo = gloo_, outs, input, block, opts, size = size_] {
-    at::Tensor in = padded_bytes(input, block);
-    at::Tensor out = at::empty({block * size}, at::kByte);
-    return Issued{[gloo, in, out, opts]() mutable { return gloo->_allgather_base(out, in, opts); },
-                  [outs, out, in, block] { copy_blocks(outs, out, block); }};
-  };
-  return runOnGloo({.type = OpType::ALLGATHER, .timeout = opts.timeout, .agreed = outs, .outputs = outs,
-                    .inputs = {input}, .prepare = prepare});
+  return run(call);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const AllgatherOptions& opts) {
-  validate(OpType::_ALLGATHER_BASE, opts.timeout, [&] {
-    check_world_sized("all_gather_into_tensor", size_, {input}, {output}, /*gathers=*/true, /*coalesced=*/false);
-  });
-  if (shm_ && shm_moves(input)) {
-    return launchShm(OpType::_ALLGATHER_BASE, opts.timeout, {output}, {input}, "c10d::_allgather_base_ (shm)",
-                     shm_->allGatherBase(output, input));
-  }
-  // The output is any contiguous tensor of world x input elements (as NCCL
-  // takes it; SyncBatchNorm passes [1, world * n]). Gloo splits it along
-  // dim 0, so it gets the flat views.
-  return runOnGloo({.type = OpType::_ALLGATHER_BASE, .timeout = opts.timeout, .agreed = {input},
-                    .outputs = {output}, .inputs = {input},
-                    .prepare = moved(std::vector<at::Tensor>{output}, std::vector<at::Tensor>{input},
-                                     [gloo = gloo_, opts](auto& o, auto& i) {
-                                       flat_views(o, i);
-                                       return gloo->_allgather_base(o[0], i[0], opts);
-                                     })});
+  return tensorForm(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, {input}, opts, false);
+}
+
+c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const AllgatherOptions& opts) {
+  return tensorForm(OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs, inputs, opts, true);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -360,28 +348,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_coalesced(std::vector<std
     check_same_device(op, {{&inputs, "input"}, {&flat, "output"}});
   });
   // Gloo checks each output's shape against its input: hand it flat views.
-  return runOnGloo({.type = OpType::ALLGATHER_COALESCED, .timeout = opts.timeout, .agreed = inputs,
-                    .outputs = flatten(byRank), .inputs = inputs,
-                    .prepare = moved(byRank, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
-                      for (auto& l : o) flat_views(l, i, /*flattenInputs=*/false);
-                      for (auto& t : i) t = t.is_contiguous() ? t.view({-1}) : t;
-                      return gloo->allgather_coalesced(o, i, opts);
-                    })});
-}
-
-c10::intrusive_ptr<Work> ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                             std::vector<at::Tensor>& inputs,
-                                                                             const AllgatherOptions& opts) {
-  validate(OpType::COALESCED, opts.timeout, [&] {
-    check_world_sized("all_gather_into_tensor_coalesced", size_, inputs, outputs, /*gathers=*/true,
-                      /*coalesced=*/true);
-  });
-  // Any contiguous output of world x input elements, as _allgather_base.
-  return runOnGloo({.type = OpType::COALESCED, .timeout = opts.timeout, .agreed = inputs, .outputs = outputs,
-                    .inputs = inputs, .prepare = moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
-                      flat_views(o, i);
-                      return gloo->allgather_into_tensor_coalesced(o, i, opts);
-                    })});
+  return run({.type = OpType::ALLGATHER_COALESCED, .timeout = opts.timeout, .agreed = inputs,
+              .outputs = flatten(byRank), .inputs = inputs,
+              .prepare = moved(byRank, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
+                for (auto& l : o) flat_views(l, i, /*flattenInputs=*/false);
+                for (auto& t : i) t = t.is_contiguous() ? t.view({-1}) : t;
+                return gloo->allgather_coalesced(o, i, opts);
+              })});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -390,10 +363,10 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::gather(std::vector<std::vector<at::
     check_rooted("gather", rank_, size_, opts.rootRank, "destination", inputs, "input", outputs, "output",
                  "gather_list");
   });
-  return runOnGloo({.type = OpType::GATHER, .timeout = opts.timeout, .agreed = inputs, .outputs = flatten(outputs),
-                    .inputs = inputs, .prepare = moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
-                      return gloo->gather(o, i, opts);
-                    })});
+  return run({.type = OpType::GATHER, .timeout = opts.timeout, .agreed = inputs, .outputs = flatten(outputs),
+              .inputs = inputs, .prepare = moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
+                return gloo->gather(o, i, opts);
+              })});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs,
@@ -403,11 +376,11 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::scatter(std::vector<at::Tensor>& ou
     check_rooted("scatter", rank_, size_, opts.rootRank, "source", outputs, "output", inputs, "input",
                  "scatter_list");
   });
-  return runOnGloo({.type = OpType::SCATTER, .timeout = opts.timeout, .agreed = outputs, .outputs = outputs,
-                    .inputs = flatten(inputs),
-                    .prepare = moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
-                      return gloo->scatter(o, i, opts);
-                    })});
+  return run({.type = OpType::SCATTER, .timeout = opts.timeout, .agreed = outputs, .outputs = outputs,
+              .inputs = flatten(inputs),
+              .prepare = moved(outputs, inputs, [gloo = gloo_, opts](auto& o, auto& i) {
+                return gloo->scatter(o, i, opts);
+              })});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -426,58 +399,26 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter(std::vector<at::Tens
     for (size_t r = 0; r < inputs[0].size(); ++r) check_like(op, inputs[0][r], c10::str("input ", r), outputs[0], "output");
     check_reduction_arg(inputs[0], opts.reduceOp, op);
   });
-  const int64_t redop = opts.reduceOp.op_;
-  if (shm_ && shm_reduces(outputs[0], opts.reduceOp)) {
-    return launchShm(OpType::REDUCE_SCATTER, opts.timeout, outputs, outputs, "c10d::reduce_scatter_ (shm)",
-                     shm_->reduceScatter(outputs[0], inputs[0], opts.reduceOp), redop);
-  }
-  // The list form runs as the flat form over one contiguous scratch input
-  // (scaled or widened as needed) and a scratch output copied back.
-  auto prepare = [gloo = gloo_, output = outputs[0], ins = inputs[0], opts] {
-    at::Tensor in = reduction_input(cat_flat(ins), opts.reduceOp);
-    at::Tensor hostOut = host_view(output);
-    at::Tensor out = at::empty({hostOut.numel()}, hostOut.options().dtype(in.scalar_type()));
-    ReduceScatterOptions o = opts;
-    o.reduceOp = gloo_op(opts.reduceOp);
-    return Issued{[gloo, out, in, o]() mutable { return gloo->_reduce_scatter_base(out, in, o); },
-                  [hostOut, out, in]() mutable { hostOut.copy_(out.view(hostOut.sizes())); }};
-  };
-  return runOnGloo({.type = OpType::REDUCE_SCATTER, .timeout = opts.timeout, .agreed = outputs, .redop = redop,
-                    .outputs = outputs, .inputs = flatten(inputs), .prepare = prepare});
+  const bool onShm = shm_ && shm_reduces(outputs[0], opts.reduceOp);
+  return run({.type = OpType::REDUCE_SCATTER, .timeout = opts.timeout, .agreed = outputs, .redop = opts.reduceOp.op_,
+              .outputs = outputs, .inputs = flatten(inputs),
+              .shm = onShm ? shm_->reduceScatter(outputs[0], inputs[0], opts.reduceOp) : nullptr,
+              .kernel = "c10d::reduce_scatter_ (shm)",
+              .prepare = scattered(outputs, inputs[0], opts, [gloo = gloo_](auto& out, auto& in, auto& o) {
+                return gloo->_reduce_scatter_base(out[0], in[0], o);
+              }, /*concatenated=*/true)});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const ReduceScatterOptions& opts) {
-  constexpr const char* op = "reduce_scatter_tensor";
-  validate(OpType::_REDUCE_SCATTER_BASE, opts.timeout, [&] {
-    check_world_sized(op, size_, {input}, {output}, /*gathers=*/false, /*coalesced=*/false);
-    check_reduction_arg({input}, opts.reduceOp, op);
-  });
-  const int64_t redop = opts.reduceOp.op_;
-  if (shm_ && shm_reduces(input, opts.reduceOp)) {
-    return launchShm(OpType::_REDUCE_SCATTER_BASE, opts.timeout, {output}, {input},
-                     "c10d::_reduce_scatter_base_ (shm)", shm_->reduceScatter(output, {input}, opts.reduceOp), redop);
-  }
-  return runOnGloo({.type = OpType::_REDUCE_SCATTER_BASE, .timeout = opts.timeout, .agreed = {input}, .redop = redop,
-                    .outputs = {output}, .inputs = {input},
-                    .prepare = scattered({output}, {input}, opts, [gloo = gloo_](auto& out, auto& in, auto& o) {
-                      return gloo->_reduce_scatter_base(out[0], in[0], o);
-                    })});
+  return tensorForm(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, {input}, opts, false);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const ReduceScatterOptions& opts) {
-  constexpr const char* op = "reduce_scatter_tensor_coalesced";
-  validate(OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.timeout, [&] {
-    check_world_sized(op, size_, inputs, outputs, /*gathers=*/false, /*coalesced=*/true);
-    check_reduction_arg(inputs, opts.reduceOp, op);
-  });
-  return runOnGloo({.type = OpType::REDUCE_SCATTER_TENSOR_COALESCED, .timeout = opts.timeout, .agreed = inputs,
-                    .redop = opts.reduceOp.op_, .outputs = outputs, .inputs = inputs,
-                    .prepare = scattered(outputs, inputs, opts, [gloo = gloo_](auto& out, auto& in, auto& o) {
-                      return gloo->reduce_scatter_tensor_coalesced(out, in, o);
-                    })});
+  return tensorForm(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs, opts,
+                    true);
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -499,13 +440,13 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall_base(at::Tensor& output, a
     for (int r = 0; r < size_; ++r) out.push_back(splits.empty() ? t.numel() / size_ : splits.at(r) * row);
     return out;
   };
-  return runOnGloo({.type = OpType::ALLTOALL_BASE, .timeout = opts.timeout, .agreed = {input}, .outputs = {output},
-                    .inputs = {input},
-                    .prepare = moved(output, input,
-                                     [gloo = gloo_, outputSplits, inputSplits, opts](auto& o, auto& i) mutable {
-                                       return gloo->alltoall_base(o, i, outputSplits, inputSplits, opts);
-                                     }),
-                    .inSplits = elements(input, inputSplits), .outSplits = elements(output, outputSplits)});
+  return run({.type = OpType::ALLTOALL_BASE, .timeout = opts.timeout, .agreed = {input}, .outputs = {output},
+              .inputs = {input},
+              .prepare = moved(output, input,
+                               [gloo = gloo_, outputSplits, inputSplits, opts](auto& o, auto& i) mutable {
+                                 return gloo->alltoall_base(o, i, outputSplits, inputSplits, opts);
+                               }),
+              .inSplits = elements(input, inputSplits), .outSplits = elements(output, outputSplits)});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs,
@@ -533,15 +474,12 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& o
                     return gloo->alltoall_base(out, in, outSplits, inSplits, opts);
                   },
                   [hostOuts, out, outSplits, in]() mutable {
-                    int64_t offset = 0;
-                    for (size_t i = 0; i < hostOuts.size(); ++i) {
-                      hostOuts[i].copy_(out.narrow(0, offset, outSplits[i]).view(hostOuts[i].sizes()));
-                      offset += outSplits[i];
-                    }
+                    const auto parts = out.split_with_sizes(outSplits);
+                    for (size_t i = 0; i < hostOuts.size(); ++i) hostOuts[i].copy_(parts[i].view(hostOuts[i].sizes()));
                   }};
   };
-  return runOnGloo({.type = OpType::ALLTOALL, .timeout = opts.timeout, .agreed = {inputs.at(0)}, .outputs = outputs,
-                    .inputs = inputs, .prepare = prepare, .inSplits = numels(inputs), .outSplits = numels(outputs)});
+  return run({.type = OpType::ALLTOALL, .timeout = opts.timeout, .agreed = {inputs.at(0)}, .outputs = outputs,
+              .inputs = inputs, .prepare = prepare, .inSplits = numels(inputs), .outSplits = numels(outputs)});
 }
 
 // Point-to-point runs on Gloo only, with the p2p argument check (GlooPath.h).
@@ -549,17 +487,16 @@ c10::intrusive_ptr<Work> ProcessGroupNeuron::send(std::vector<at::Tensor>& tenso
   auto access = expose(tensors);
   auto host = to_host(tensors);
   auto message = [gloo = gloo_, host, dstRank, tag]() mutable { return gloo->send(host, dstRank, tag); };
-  if (!checkAgreement_ || tensors.size() != 1) {
-    // Gloo sends straight from the buffer: keep the aliases alive until done.
-    return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors, {message, [host]() {}});
+  // Gloo sends straight from the buffer: keep the aliases alive until done.
+  std::function<void()> after = [host] {};
+  if (checkAgreement_ && tensors.size() == 1) {
+    std::vector<at::Tensor> header{p2p_header(tensors[0], rank_)};
+    auto headerWork = gloo_->send(header, dstRank, p2p_header_tag(tag));
+    // The header left before the message (same pair, FIFO): its work is done
+    // by the time the message's is, and this is its only waiter.
+    after = [host, header, headerWork, timeout = effectiveTimeout(kUnsetTimeout)] { headerWork->wait(timeout); };
   }
-  std::vector<at::Tensor> header{p2p_header(tensors[0], rank_)};
-  auto headerWork = gloo_->send(header, dstRank, p2p_header_tag(tag));
-  const auto timeout = effectiveTimeout(kUnsetTimeout);
-  // The header left before the message (same pair, FIFO): its work is done
-  // by the time the message's is, and this is its only waiter.
-  return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors,
-                {message, [host, header, headerWork, timeout]() { headerWork->wait(timeout); }});
+  return launch(std::move(access), OpType::SEND, kUnsetTimeout, tensors, {message, after});
 }
 
 c10::intrusive_ptr<Work> ProcessGroupNeuron::receive(std::vector<at::Tensor>& tensors, int srcRank, int tag,

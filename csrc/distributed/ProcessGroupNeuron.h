@@ -116,11 +116,19 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   // transport is done with the buffers.
   c10::intrusive_ptr<Work> launch(std::shared_ptr<void> access, OpType type, std::chrono::milliseconds opTimeout,
                                   std::vector<at::Tensor> outputs, const neuron_pg::Issued& issued);
-  // Every collective on Gloo: agree, expose, prepare, launch.
-  c10::intrusive_ptr<Work> runOnGloo(const neuron_pg::GlooCall& call);
-  // all_gather (list form) with outputs of different sizes, as NCCL allows.
-  c10::intrusive_ptr<Work> allgatherUneven(const std::vector<at::Tensor>& outs, const at::Tensor& input,
-                                           const AllgatherOptions& opts);
+  // Every collective: on shared memory (launchShm) when it has a body
+  // there, else on Gloo: agree, expose, prepare, launch.
+  c10::intrusive_ptr<Work> run(const neuron_pg::Collective& call);
+  // all_reduce, all_reduce_coalesced and reduce, `gloo` their Gloo form.
+  template <class Opts>
+  c10::intrusive_ptr<Work> reduction(OpType type, const char* op, const char* kernel, std::vector<at::Tensor>& tensors,
+                                     const Opts& opts, int root,
+                                     c10::intrusive_ptr<Work> (Backend::*gloo)(std::vector<at::Tensor>&, const Opts&));
+  // The tensor forms of all_gather (AllgatherOptions) and reduce_scatter:
+  // one pair of tensors, or lists of pairs (`coalesced`).
+  template <class Opts>
+  c10::intrusive_ptr<Work> tensorForm(OpType type, const char* op, std::vector<at::Tensor> outputs,
+                                      std::vector<at::Tensor> inputs, const Opts& opts, bool coalesced);
   // recv / recvAnysource (srcRank < 0), with the p2p argument check.
   c10::intrusive_ptr<Work> receive(std::vector<at::Tensor>& tensors, int srcRank, int tag, OpType type);
 
@@ -137,13 +145,10 @@ class TORCH_API ProcessGroupNeuron : public Backend {
   void validate(OpType type, std::chrono::milliseconds opTimeout, const std::function<void()>& check);
 
   // ---- the shared-memory path (ShmPath.cpp) ----
-  // Runs `body` synchronously inside a launch on the current stream of the
-  // outputs' device, so the engine reaches device memory the way kernels do
-  // (NEURON_RT_PROTECT=1 holds). `checked` are the tensors the agreement
-  // describes (as in agree()).
-  c10::intrusive_ptr<Work> launchShm(OpType type, std::chrono::milliseconds opTimeout, std::vector<at::Tensor> outputs,
-                                     const std::vector<at::Tensor>& checked, const char* kernelName,
-                                     const neuron_pg::ShmPath::Body& body, int64_t redop = -1);
+  // Runs `call.shm` synchronously inside a launch on the current stream of
+  // the outputs' device, so the engine reaches device memory the way kernels
+  // do (NEURON_RT_PROTECT=1 holds).
+  c10::intrusive_ptr<Work> launchShm(const neuron_pg::Collective& call);
   std::unique_ptr<neuron_pg::ShmPath> shm_;
 
   // ---- the group ----

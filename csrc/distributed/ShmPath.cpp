@@ -31,13 +31,6 @@ bool env_switch(const char* name, bool fallback) {
   return s == "1";
 }
 
-// `outs` pointers into one contiguous buffer of `size` blocks of `block` bytes.
-std::vector<void*> blocks(const at::Tensor& buffer, int size, size_t block) {
-  std::vector<void*> ptrs;
-  for (int r = 0; r < size; ++r) ptrs.push_back(static_cast<uint8_t*>(buffer.data_ptr()) + r * block);
-  return ptrs;
-}
-
 }  // namespace
 
 std::unique_ptr<ShmPath> ShmPath::connect(const c10::intrusive_ptr<Store>& store, int rank, int size,
@@ -112,42 +105,29 @@ ShmPath::Body ShmPath::allReduce(at::Tensor t, ReduceOp op, bool keepResult) con
 }
 
 ShmPath::Body ShmPath::allGather(std::vector<at::Tensor> outs, at::Tensor input) const {
-  return [shm = shm_.get(), outs, input](std::chrono::milliseconds timeout, const neuronrt::ShmCheck* check) {
-    at::Tensor in = host_view(input).contiguous();
-    std::vector<at::Tensor> hostOuts = host_view(outs);
-    // Non-contiguous outputs are filled through a contiguous scratch.
-    std::vector<at::Tensor> staged(hostOuts.size());
+  return [shm = shm_.get(), size = size_, outs, input](std::chrono::milliseconds timeout,
+                                                       const neuronrt::ShmCheck* check) {
+    const bool tensorForm = outs.size() == 1;
+    const int64_t bytes = input.numel() * static_cast<int64_t>(input.element_size());
+    const int64_t block = tensorForm ? bytes : largest_bytes(outs);
+    at::Tensor in = block == bytes ? host_view(input).contiguous() : padded_bytes(input, block);
+    // Each block goes straight into its output where that is contiguous and
+    // exactly as long, else through one scratch of all blocks (`staged`
+    // lists the outputs copied from it).
+    std::vector<at::Tensor> hostOuts = host_view(outs), staged(hostOuts.size());
+    at::Tensor scratch;
     std::vector<void*> ptrs;
-    for (size_t r = 0; r < hostOuts.size(); ++r) {
-      if (!hostOuts[r].is_contiguous()) staged[r] = at::empty(hostOuts[r].sizes(), hostOuts[r].options());
-      ptrs.push_back(staged[r].defined() ? staged[r].data_ptr() : hostOuts[r].data_ptr());
+    for (int r = 0; r < size; ++r) {
+      const size_t i = tensorForm ? 0 : r;
+      const at::Tensor& o = hostOuts[i];
+      const bool direct = o.is_contiguous() && o.numel() * o.element_size() == (tensorForm ? size * block : block);
+      if (!direct && !scratch.defined()) scratch = at::empty({block * size}, at::kByte);
+      if (!direct) staged[i] = o;
+      uint8_t* base = static_cast<uint8_t*>(direct ? o.data_ptr() : scratch.data_ptr());
+      ptrs.push_back(base + (direct && !tensorForm ? 0 : r * block));
     }
-    shm->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(in.numel()) * in.element_size(), timeout, check);
-    for (size_t r = 0; r < hostOuts.size(); ++r) {
-      if (staged[r].defined()) hostOuts[r].copy_(staged[r]);
-    }
-  };
-}
-
-ShmPath::Body ShmPath::allGatherUneven(std::vector<at::Tensor> outs, at::Tensor input, int64_t block) const {
-  return [shm = shm_.get(), size = size_, outs, input, block](std::chrono::milliseconds timeout,
-                                                              const neuronrt::ShmCheck* check) {
-    at::Tensor in = padded_bytes(input, block);
-    at::Tensor out = at::empty({block * size}, at::kByte);
-    shm->all_gather(in.data_ptr(), blocks(out, size, block).data(), static_cast<size_t>(block), timeout, check);
-    copy_blocks(outs, out, block);
-  };
-}
-
-ShmPath::Body ShmPath::allGatherBase(at::Tensor output, at::Tensor input) const {
-  return [shm = shm_.get(), size = size_, output, input](std::chrono::milliseconds timeout,
-                                                         const neuronrt::ShmCheck* check) {
-    at::Tensor in = host_view(input).contiguous();
-    at::Tensor hostOut = host_view(output);
-    at::Tensor out = hostOut.is_contiguous() ? hostOut : at::empty_like(hostOut, at::MemoryFormat::Contiguous);
-    const size_t bytes = static_cast<size_t>(in.numel()) * in.element_size();
-    shm->all_gather(in.data_ptr(), blocks(out, size, bytes).data(), bytes, timeout, check);
-    if (!out.is_same(hostOut)) hostOut.copy_(out);
+    shm->all_gather(in.data_ptr(), ptrs.data(), static_cast<size_t>(block), timeout, check);
+    if (scratch.defined()) copy_blocks(staged, scratch, block);
   };
 }
 
@@ -167,34 +147,31 @@ ShmPath::Body ShmPath::reduceScatter(at::Tensor output, std::vector<at::Tensor> 
 
 using namespace neuron_pg;
 
-c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(OpType type, std::chrono::milliseconds opTimeout,
-                                                       std::vector<at::Tensor> outputs,
-                                                       const std::vector<at::Tensor>& checked, const char* kernelName,
-                                                       const ShmPath::Body& body, int64_t redop) {
-  auto work = makeWork(type, opTimeout, outputs);
+c10::intrusive_ptr<Work> ProcessGroupNeuron::launchShm(const Collective& call) {
+  auto work = makeWork(call.type, call.timeout, call.outputs);
   tracker_.watch(work);  // a timeout reaches the watchdog (TORCH_NEURONX_ASYNC_ERROR_HANDLING)
   // The argument check travels with the collective's first step.
   std::vector<int64_t> words;
   std::string mismatch;
   neuronrt::ShmCheck check;
   if (checkAgreement_) {
-    words = agreement_words(type, size_, checked, {}, {}, redop);
+    words = agreement_words(call.type, size_, call.agreed, {}, {}, call.redop);
     check = {words.data(), words.size(), [&](const int64_t* all) {
                mismatch = disagreement(size_, words, all);
                if (!mismatch.empty()) throw neuronrt::Error(mismatch);
              }};
   }
-  const auto devices = devices_of(outputs);
+  const auto devices = devices_of(call.outputs);
   std::exception_ptr error;
   try {
     const neuronrt::ShmCheck* c = checkAgreement_ ? &check : nullptr;
     shm_->serialized([&] {
       if (devices.empty()) {
-        body(work->timeout(), c);  // cpu tensors
+        call.shm(work->timeout(), c);  // cpu tensors
       } else {
         // A synchronous launch: it runs after the kernels queued on the stream
         // (the inputs' producers), and the collective is done when it returns.
-        neuronrt::current_stream(devices[0].index()).launch([&] { body(work->timeout(), c); }, kernelName);
+        neuronrt::current_stream(devices[0].index()).launch([&] { call.shm(work->timeout(), c); }, call.kernel);
       }
     });
   } catch (...) {

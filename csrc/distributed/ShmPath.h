@@ -47,12 +47,11 @@ class ShmPath {
   // all_reduce of `t`; reduce when `keepResult` is false on a non-root rank
   // (the engine reduces a scratch, `t` stays as it was).
   Body allReduce(at::Tensor t, ReduceOp op, bool keepResult) const;
-  // all_gather into `outs` (one per rank, each of the input's size).
+  // all_gather: rank r's input lands in outs[r] (the list form, one output
+  // per rank; outputs of different sizes get the leading bytes of blocks of
+  // the largest one's bytes) or in block r of outs[0] (the tensor form; a
+  // group on this path has two ranks or more).
   Body allGather(std::vector<at::Tensor> outs, at::Tensor input) const;
-  // all_gather into outputs of different sizes: blocks of `block` bytes.
-  Body allGatherUneven(std::vector<at::Tensor> outs, at::Tensor input, int64_t block) const;
-  // all_gather_into_tensor.
-  Body allGatherBase(at::Tensor output, at::Tensor input) const;
   // reduce_scatter into `output` of the `inputs` (one per rank, or one of
   // all ranks' blocks: reduce_scatter_tensor) as one flat input.
   Body reduceScatter(at::Tensor output, std::vector<at::Tensor> inputs, ReduceOp op) const;

@@ -446,7 +446,7 @@ bool ShmCollectives::enable_peer_access(BufferLocator locate, std::chrono::milli
 }
 
 
-bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what) {
+bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck*& check, const char* what) {
   const int h = begin_step(what);
   shared(rank_, h) = {locate_(plan.in, plan.in_bytes), plan.out ? locate_(plan.out, plan.out_bytes) : SharedBuffer{},
                       plan.mode};
@@ -459,6 +459,7 @@ bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, 
   }
   if (!insOk || (!outsOk && !plan.mine)) {
     arrive();
+    check = nullptr;  // verified in this step
     return false;
   }
   std::vector<char*> ins(size_), outs(size_);
@@ -516,18 +517,24 @@ bool ShmCollectives::direct_step(const DirectPlan& plan, const ShmCheck* check, 
 
 // ---- collectives ------------------------------------------------------------------------
 
-namespace {
-std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  return std::chrono::steady_clock::now() + std::min(timeout, kMaxTimeout);
+void ShmCollectives::start(const char* what, std::chrono::milliseconds timeout) {
+  check_usable(what);
+  deadline_ = std::chrono::steady_clock::now() + std::min(timeout, kMaxTimeout);
 }
-}  // namespace
+
+void ShmCollectives::slot_steps(size_t total, size_t maxStep, const ShmCheck* check, const char* what,
+                                const std::function<void(size_t a, size_t c, int h, const ShmCheck* check)>& step) {
+  for (size_t a = 0; a < total || (total == 0 && a == 0); a += maxStep) {
+    step(a, std::min(maxStep, total - a), begin_step(what), a == 0 ? check : nullptr);
+    if (total == 0) break;
+  }
+}
 
 void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmReduceOp op,
                                 std::chrono::milliseconds timeout, const ShmCheck* check) {
   constexpr const char* what = "shared-memory all_reduce";
-  check_usable(what);
+  start(what, timeout);
   if (!shm_supports(dtype, op)) throw Error("shared-memory all_reduce: AVG needs a floating-point dtype");
-  deadline_ = deadline_after(timeout);
   const size_t es = shm_dtype_size(dtype);
   const size_t maxStep = half_bytes() / es;
   // Small messages: one synchronization per step, every rank reducing the
@@ -554,19 +561,15 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
       }
       reduce(dtype, op, srcs.data(), size_, dsts.data(), size_, n, stream);
     };
-    const bool done = direct_step(plan, check, what);
-    if (done) return;
-    check = nullptr;  // verified in that step
+    if (direct_step(plan, check, what)) return;
   }
   std::vector<const void*> srcs(size_);
-  for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
-    const size_t c = std::min(maxStep, count - a);
+  slot_steps(count, maxStep, check, what, [&](size_t a, size_t c, int h, const ShmCheck* stepCheck) {
     const size_t per = oneShot ? c : portion(c, size_, es);
     const int me = oneShot ? 0 : rank_;  // the portion this rank reduces
     auto lo = [&](int r) { return std::min(c, per * static_cast<size_t>(r)); };
     auto hi = [&](int r) { return std::min(c, per * static_cast<size_t>(r + 1)); };
     char* chunk = base + a * es;
-    const int h = begin_step(what);
     char* mine = slot(rank_, h);
     if (oneShot) {
       std::memcpy(mine, chunk, c * es);
@@ -574,7 +577,7 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
       std::memcpy(mine, chunk, lo(me) * es);
       std::memcpy(mine + hi(me) * es, chunk + hi(me) * es, (c - hi(me)) * es);
     }
-    meet(a == 0 ? check : nullptr, h, what);
+    meet(stepCheck, h, what);
     for (int r = 0; r < size_; ++r) srcs[r] = r == rank_ ? chunk + lo(me) * es : slot(r, h) + lo(me) * es;
     void* dsts[2] = {chunk + lo(me) * es, mine + lo(me) * es};
     reduce(dtype, op, srcs.data(), size_, dsts, oneShot ? 1 : 2, hi(me) - lo(me), false);
@@ -585,16 +588,14 @@ void ShmCollectives::all_reduce(void* data, size_t count, ShmDtype dtype, ShmRed
         if (r != rank_) std::memcpy(chunk + lo(r) * es, slot(r, h) + lo(r) * es, (hi(r) - lo(r)) * es);
       }
     }
-    if (count == 0) break;
-  }
+  });
 }
 
 void ShmCollectives::reduce_scatter(const void* input, void* output, size_t count, ShmDtype dtype, ShmReduceOp op,
                                     std::chrono::milliseconds timeout, const ShmCheck* check) {
   constexpr const char* what = "shared-memory reduce_scatter";
-  check_usable(what);
+  start(what, timeout);
   if (!shm_supports(dtype, op)) throw Error("shared-memory reduce_scatter: AVG needs a floating-point dtype");
-  deadline_ = deadline_after(timeout);
   const size_t es = shm_dtype_size(dtype);
   // A step carries `c` elements of every rank's block; whole cache lines.
   const size_t line = std::max<size_t>(1, 64 / es);
@@ -622,35 +623,28 @@ void ShmCollectives::reduce_scatter(const void* input, void* output, size_t coun
       void* dst = outs[d] + lo * es;
       reduce(dtype, op, s.data(), size_, &dst, 1, n, stream);
     };
-    const bool done = direct_step(plan, check, what);
-    if (done) return;
-    check = nullptr;
+    if (direct_step(plan, check, what)) return;
   }
-  for (size_t a = 0; a < count || (count == 0 && a == 0); a += maxStep) {
-    const size_t c = std::min(maxStep, count - a);
-    const int h = begin_step(what);
+  slot_steps(count, maxStep, check, what, [&](size_t a, size_t c, int h, const ShmCheck* stepCheck) {
     char* mine = slot(rank_, h);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) std::memcpy(mine + r * maxStep * es, in + (r * count + a) * es, c * es);
     }
-    meet(a == 0 ? check : nullptr, h, what);
+    meet(stepCheck, h, what);
     for (int r = 0; r < size_; ++r) {
       srcs[r] = r == rank_ ? in + (rank_ * count + a) * es : slot(r, h) + rank_ * maxStep * es;
     }
     void* dst = out + a * es;
     reduce(dtype, op, srcs.data(), size_, &dst, 1, c, false);
     arrive();  // done reading the peers' halves
-    if (count == 0) break;
-  }
+  });
 }
 
 void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t bytes,
                                 std::chrono::milliseconds timeout, const ShmCheck* check) {
   constexpr const char* what = "shared-memory all_gather";
-  check_usable(what);
-  deadline_ = deadline_after(timeout);
+  start(what, timeout);
   const char* in = static_cast<const char*>(input);
-  const size_t maxStep = half_bytes();
   if (peers_ && bytes * size_ >= kDirectBytes) {
     const bool stream = streams(bytes * size_ * size_ + bytes * size_);
     bool contiguous = true;  // outputs[r] are the blocks of one buffer
@@ -686,29 +680,23 @@ void ShmCollectives::all_gather(const void* input, void* const* outputs, size_t 
         if (outputs[k] != ins[k]) copy_bytes(outputs[k], ins[k], bytes, stream);
       };
     }
-    const bool done = direct_step(plan, check, what);
-    if (done) return;
-    check = nullptr;
+    if (direct_step(plan, check, what)) return;
   }
-  for (size_t a = 0; a < bytes || (bytes == 0 && a == 0); a += maxStep) {
-    const size_t c = std::min(maxStep, bytes - a);
-    const int h = begin_step(what);
+  slot_steps(bytes, half_bytes(), check, what, [&](size_t a, size_t c, int h, const ShmCheck* stepCheck) {
     std::memcpy(slot(rank_, h), in + a, c);
-    meet(a == 0 ? check : nullptr, h, what);
+    meet(stepCheck, h, what);
     // Our own block while the peers' copies arrive (after the check).
     if (outputs[rank_] != input) std::memcpy(static_cast<char*>(outputs[rank_]) + a, in + a, c);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) std::memcpy(static_cast<char*>(outputs[r]) + a, slot(r, h), c);
     }
     arrive();
-    if (bytes == 0) break;
-  }
+  });
 }
 
 void ShmCollectives::exchange(const ShmCheck& check, std::chrono::milliseconds timeout) {
   constexpr const char* what = "shared-memory argument check";
-  check_usable(what);
-  deadline_ = deadline_after(timeout);
+  start(what, timeout);
   const int h = begin_step(what);
   meet(&check, h, what);
   arrive();

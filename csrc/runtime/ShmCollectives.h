@@ -138,8 +138,15 @@ class ShmCollectives {
   int64_t* words(int r, int half) const;
   size_t half_bytes() const { return slot_bytes_ / 2; }
 
+  // A collective's start: fails if the group is unusable, sets the deadline.
+  void start(const char* what, std::chrono::milliseconds timeout);
   // One step: returns the half to fill, after the peers finished reading it.
   int begin_step(const char* what);
+  // The slot path's steps over `total` units, at most `maxStep` per step (one
+  // step when `total` is 0): `step` moves units [a, a + c) through half `h`;
+  // `check` travels with the first step only.
+  void slot_steps(size_t total, size_t maxStep, const ShmCheck* check, const char* what,
+                  const std::function<void(size_t a, size_t c, int h, const ShmCheck* check)>& step);
   void arrive();
   // After the first step's first arrival: publish/compare the check words.
   void publish(const ShmCheck* check, int half);
@@ -182,8 +189,8 @@ class ShmCollectives {
   // Publishes our buffers, meets the peers, and if every rank's buffers are
   // shareable and offered in the same mode, runs the plan; returns once no
   // rank touches our buffers any more. Returns false otherwise (the step is
-  // complete, nothing moved, the check passed).
-  bool direct_step(const DirectPlan& plan, const ShmCheck* check, const char* what);
+  // complete, nothing moved, the check passed and is cleared).
+  bool direct_step(const DirectPlan& plan, const ShmCheck*& check, const char* what);
   [[noreturn]] void fail(ShmError::Kind kind, const std::string& msg);
   bool peer_gone(int peer) const;
 
