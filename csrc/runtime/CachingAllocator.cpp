@@ -183,6 +183,7 @@ void* CachingAllocator::allocate(int device, size_t size) {
     ds.stats.num_device_alloc++;
   }
   b->in_use = true;
+  if (protect_enabled()) protect_set_live(b->ptr, true);
   b->requested = size;
   update(ds.stats.allocation, b->size, 1);
   update(ds.stats.active, b->size, 1);
@@ -205,6 +206,7 @@ void CachingAllocator::free(void* ptr) {
   Block* b = it->second;
   DeviceState& ds = state(b->device);
   b->in_use = false;
+  if (protect_enabled()) protect_set_live(b->ptr, false);
   update(ds.stats.allocation, b->size, -1);
   update(ds.stats.active, b->size, -1);
   update(ds.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
