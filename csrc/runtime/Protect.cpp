@@ -20,6 +20,7 @@ struct Segment {
   size_t bytes;
   bool live = false;  // holds a block handed out by the allocator
   bool open = false;  // made accessible by the current scope(s)
+  bool mapped = false;  // mapped by protect_map_segment (unmapped on removal)
 };
 
 // Only live segments are opened: the cost of a scope follows the memory in
@@ -28,7 +29,7 @@ struct State {
   std::mutex mutex;
   int depth = 0;  // live DeviceAccess scopes, all threads
   std::map<void*, Segment> segments;  // every registered segment
-  std::map<void*, Segment*> live;     // those with live == true
+  std::map<void*, Segment*> live;     // those with live == true, by address
   std::vector<Segment*> opened;       // those with open == true
 };
 
@@ -50,6 +51,24 @@ void open(State& s, Segment& seg) {
   set_access(seg.ptr, seg.bytes, true);
   seg.open = true;
   s.opened.push_back(&seg);
+}
+
+// Calls `fn(start, bytes)` once per run of address-adjacent segments of
+// `segs` (sorted by address): one mprotect per run instead of per segment.
+template <typename It, typename Fn>
+void for_each_run(It first, It last, Fn&& fn) {
+  char* start = nullptr;
+  char* end = nullptr;
+  for (; first != last; ++first) {
+    Segment& seg = **first;
+    auto* p = static_cast<char*>(seg.ptr);
+    if (p != end) {
+      if (start) fn(start, static_cast<size_t>(end - start));
+      start = p;
+    }
+    end = p + seg.bytes;
+  }
+  if (start) fn(start, static_cast<size_t>(end - start));
 }
 
 Segment& find(State& s, void* ptr) {
@@ -81,7 +100,12 @@ DeviceAccess::DeviceAccess() : active_(protect_enabled()) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.depth++ == 0) {
-    for (auto& [ptr, seg] : s.live) open(s, *seg);
+    std::vector<Segment*>& opened = s.opened;
+    for (auto& [ptr, seg] : s.live) {
+      seg->open = true;
+      opened.push_back(seg);
+    }
+    for_each_run(opened.begin(), opened.end(), [](char* p, size_t n) { set_access(p, n, true); });
   }
 }
 
@@ -91,11 +115,11 @@ DeviceAccess::~DeviceAccess() {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (--s.depth == 0) {
     // Also the segments freed inside the scope: they were accessible.
-    for (Segment* seg : s.opened) {
-      set_access(seg->ptr, seg->bytes, false);
-      seg->open = false;
-    }
-    s.opened.clear();
+    std::vector<Segment*>& opened = s.opened;
+    std::sort(opened.begin(), opened.end(), [](Segment* a, Segment* b) { return a->ptr < b->ptr; });
+    for_each_run(opened.begin(), opened.end(), [](char* p, size_t n) { set_access(p, n, false); });
+    for (Segment* seg : opened) seg->open = false;
+    opened.clear();
   }
 }
 
@@ -109,6 +133,21 @@ void protect_add_segment(void* ptr, size_t bytes) {
     seg.open = true;
     s.opened.push_back(&seg);
   }
+}
+
+void* protect_map_segment(size_t bytes) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const int prot = s.depth > 0 ? PROT_READ | PROT_WRITE : PROT_NONE;
+  void* ptr = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (ptr == MAP_FAILED) return nullptr;
+  Segment& seg = s.segments.emplace(ptr, Segment{ptr, bytes}).first->second;
+  seg.mapped = true;
+  if (s.depth > 0) {  // closing the scope protects it
+    seg.open = true;
+    s.opened.push_back(&seg);
+  }
+  return ptr;
 }
 
 void protect_set_live(void* ptr, bool live) {
@@ -133,7 +172,11 @@ void protect_remove_segment(void* ptr) {
   Segment& seg = it->second;
   if (seg.open) s.opened.erase(std::find(s.opened.begin(), s.opened.end(), &seg));
   s.live.erase(ptr);
-  set_access(ptr, seg.bytes, true);  // free() writes into the chunk
+  if (seg.mapped) {
+    munmap(ptr, seg.bytes);
+  } else {
+    set_access(ptr, seg.bytes, true);  // its owner releases it
+  }
   s.segments.erase(it);
 }
 

@@ -32,8 +32,14 @@ class DeviceAccess {
   bool active_;
 };
 
-// The allocator registers each segment it obtains from the system (page
-// aligned, whole pages) and unregisters it before returning it.
+// The allocator maps its private segments here: whole pages, registered,
+// inaccessible (nullptr when out of memory). The kernel places consecutive
+// mappings next to each other, so a scope opens a run of live segments with
+// one mprotect.
+void* protect_map_segment(size_t bytes);
+// Segments mapped elsewhere (shareable memory) are registered by the
+// allocator. Removal unregisters a segment (and unmaps one mapped above)
+// before the allocator releases it.
 void protect_add_segment(void* ptr, size_t bytes);
 void protect_remove_segment(void* ptr);
 // The allocator marks a segment live when it hands out its block and not live
