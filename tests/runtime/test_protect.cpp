@@ -121,3 +121,25 @@ TEST(Protect, BlockFreedInsideALaunchIsProtectedAfterIt) {
   });
   EXPECT_EQ(rc, 128 + SIGSEGV);
 }
+
+// Live neighbours of a cached block are opened (in runs of adjacent
+// segments) without opening the cached block between them.
+TEST(Protect, CachedBlockBetweenLiveOnesFaultsInsideALaunch) {
+  auto child = [](bool touch_cached) {
+    return in_protected_child([touch_cached] {
+      int* p[3];
+      for (auto*& q : p) q = static_cast<int*>(neuronrt::malloc(0, 4096));
+      neuronrt::free(p[1]);
+      int sum = 0;
+      neuronrt::default_stream(0).launch([&] {
+        p[0][0] = 1;
+        p[2][0] = 2;
+        sum = p[0][0] + p[2][0];
+        if (touch_cached) sum += *static_cast<volatile int*>(p[1]);
+      }, "neighbours");
+      return sum == 3 ? 0 : 2;
+    });
+  };
+  EXPECT_EQ(child(false), 0);
+  EXPECT_EQ(child(true), 128 + SIGSEGV);
+}
