@@ -23,8 +23,8 @@ struct Segment {
   bool mapped = false;  // mapped by protect_map_segment (unmapped on removal)
 };
 
-// Only live segments are opened: the cost of a scope follows the memory in
-// use, not the cache. Cached segments stay PROT_NONE throughout.
+// Only live segments are opened, so the cost of a scope follows the memory
+// in use, not the cache; cached segments stay PROT_NONE throughout.
 struct State {
   std::mutex mutex;
   int depth = 0;  // live DeviceAccess scopes, all threads
@@ -53,8 +53,8 @@ void open(State& s, Segment& seg) {
   s.opened.push_back(&seg);
 }
 
-// Calls `fn(start, bytes)` once per run of address-adjacent segments of
-// `segs` (sorted by address): one mprotect per run instead of per segment.
+// Calls `fn(start, bytes)` once per run of address-adjacent segments in
+// [first, last) (sorted by address): one mprotect per run, not per segment.
 template <typename It, typename Fn>
 void for_each_run(It first, It last, Fn&& fn) {
   char* start = nullptr;
