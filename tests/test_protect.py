@@ -39,3 +39,23 @@ def test_host_access_that_bypasses_the_runtime_faults():
     assert run_python(code, env={"NEURON_RT_PROTECT": None}).stdout.strip() == "1.0"  # host memory after all ...
     proc = run_python(code, env=PROTECT, check=False)
     assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-2000:])  # ... but not the seam
+
+
+def test_a_cached_block_is_protected_too():
+    # A freed tensor's block stays in the allocator's cache, mapped; reading it
+    # is a use after free that protect mode must catch like any bypass.
+    code = """
+        import ctypes, torch
+        t = torch.full((1024,), 3.0, device="neuron")
+        torch.neuron.synchronize()
+        ptr = t.data_ptr()
+        del t
+        torch.neuron.synchronize()
+        assert torch.neuron.memory_reserved() > 0  # cached, not returned
+        for _ in range(3):  # launches in between do not open the cached block
+            torch.ones(8, device="neuron").add_(1).sum().item()
+        print(ctypes.c_float.from_address(ptr).value)
+    """
+    assert run_python(code, env={"NEURON_RT_PROTECT": None}).stdout.strip() == "3.0"
+    proc = run_python(code, env=PROTECT, check=False)
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-2000:])

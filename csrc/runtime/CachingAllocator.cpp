@@ -104,12 +104,12 @@ void CachingAllocator::release_block(DeviceState& ds, Block* b) {
   update(ds.stats.reserved_bytes, b->size, -static_cast<int64_t>(b->size));
   ds.stats.num_device_free++;
   segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
-  if (protect_enabled()) protect_remove_segment(b->ptr);
+  if (protect_enabled()) protect_remove_segment(b->ptr);  // unmaps a private segment
   if (b->fd >= 0) {
     destroy_shared_mapping({b->fd, b->ptr, b->mapped});
     shared_fds_--;
     shared_releases_++;
-  } else {
+  } else if (!protect_enabled()) {
     std::free(b->ptr);
   }
   delete b;
@@ -159,8 +159,11 @@ void* CachingAllocator::allocate(int device, size_t size) {
         ptr = shared.base;  // nullptr: fall back to private memory
         bytes = shared.bytes;
       }
-      if (!ptr) ptr = std::aligned_alloc(align, bytes);
-      if (ptr && protect_enabled()) protect_add_segment(ptr, bytes);
+      if (ptr) {
+        if (protect_enabled()) protect_add_segment(ptr, bytes);
+      } else {
+        ptr = protect_enabled() ? protect_map_segment(bytes) : std::aligned_alloc(align, bytes);
+      }
     }
     if (!ptr) {
       ds.stats.num_ooms++;
@@ -183,6 +186,7 @@ void* CachingAllocator::allocate(int device, size_t size) {
     ds.stats.num_device_alloc++;
   }
   b->in_use = true;
+  if (protect_enabled()) protect_set_live(b->ptr, true);
   b->requested = size;
   update(ds.stats.allocation, b->size, 1);
   update(ds.stats.active, b->size, 1);
@@ -205,6 +209,7 @@ void CachingAllocator::free(void* ptr) {
   Block* b = it->second;
   DeviceState& ds = state(b->device);
   b->in_use = false;
+  if (protect_enabled()) protect_set_live(b->ptr, false);
   update(ds.stats.allocation, b->size, -1);
   update(ds.stats.active, b->size, -1);
   update(ds.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));

@@ -6,7 +6,8 @@
 // test suite proves that the PyTorch layer goes through the seam.
 //
 // Access is process-wide (page protection cannot be per thread): while any
-// thread is inside the runtime, all device pages are accessible.
+// thread is inside the runtime, the pages of all live allocations are
+// accessible.
 #pragma once
 
 #include <cstddef>
@@ -31,9 +32,20 @@ class DeviceAccess {
   bool active_;
 };
 
-// The allocator registers each segment it obtains from the system (page
-// aligned, whole pages) and unregisters it before returning it.
+// The allocator maps its private segments here: whole pages, registered,
+// inaccessible (nullptr when out of memory). The kernel places consecutive
+// mappings next to each other, so a scope opens a run of live segments with
+// one mprotect.
+void* protect_map_segment(size_t bytes);
+// Segments mapped elsewhere (shareable memory) are registered by the
+// allocator. Removal unregisters a segment (and unmaps one mapped above)
+// before the allocator releases it.
 void protect_add_segment(void* ptr, size_t bytes);
 void protect_remove_segment(void* ptr);
+// The allocator marks a segment live when it hands out its block and not live
+// when the block returns to the cache. A scope opens only live segments (and
+// those that become live inside it), so its cost follows the memory in use;
+// cached segments stay inaccessible, also inside a scope.
+void protect_set_live(void* ptr, bool live);
 
 }  // namespace neuronrt
