@@ -77,6 +77,43 @@ def test_matmul_bias_gelu():
         assert_same(y, fn(ra, rw, rb), rtol=1e-4, atol=1e-4)
 
 
+def test_attention_block():
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 16, 32, device="neuron") for _ in range(3))
+
+    def attn(q, k, v):
+        return torch.softmax(torch.bmm(q, k.transpose(1, 2)) / 32 ** 0.5, dim=-1) @ v
+
+    g, y = _capture(attn, q, k, v)
+    refs = [torch.randn(2, 16, 32) for _ in range(3)]
+    for t, r in zip((q, k, v), refs):
+        t.copy_(r)
+    g.replay()
+    assert_same(y, attn(*refs), rtol=1e-4, atol=1e-4)
+
+
+def test_copies_fills_and_in_place_ops_in_capture():
+    x = torch.randn(40, device="neuron")
+    acc = torch.zeros(40, device="neuron")
+
+    def step(x):
+        buf = torch.zeros(40, device="neuron")  # made in capture: zeroed at each replay
+        buf.copy_(x)
+        buf.mul_(2)
+        acc.add_(buf)  # state carried across replays
+        return buf.clone(), buf
+
+    g, (copy, buf) = _capture(step, x)
+    assert_same(acc, torch.zeros(40))  # not run at capture
+    ref = torch.randn(40)
+    x.copy_(ref)
+    for _ in range(3):
+        g.replay()
+    assert_same(copy, ref * 2)
+    assert_same(buf, ref * 2)
+    assert_same(acc, ref * 6)
+
+
 def test_replays_allocate_nothing():
     x = torch.randn(256, 256, device="neuron")
     g, y = _capture(lambda t: torch.tanh(t @ t) + t, x)
