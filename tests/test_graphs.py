@@ -114,6 +114,23 @@ def test_copies_fills_and_in_place_ops_in_capture():
     assert_same(acc, ref * 6)
 
 
+def test_compiled_function_in_capture():
+    # A torch.compile'd function's kernels (compiled and extern) are queued
+    # launches: captured like eager ops.
+    def f(x, w):
+        return torch.tanh(x @ w) * 2 + x.sum()
+
+    compiled = torch.compile(f, backend="neuron")
+    x, w = torch.randn(8, 8, device="neuron"), torch.randn(8, 8, device="neuron")
+    compiled(x, w)  # compiles outside the capture
+    g, y = _capture(compiled, x, w)
+    for _ in range(2):
+        rx, rw = torch.randn(8, 8), torch.randn(8, 8)
+        x.copy_(rx), w.copy_(rw)
+        g.replay()
+        assert_same(y, f(rx, rw), rtol=1e-4, atol=1e-4)
+
+
 def test_replays_allocate_nothing():
     x = torch.randn(256, 256, device="neuron")
     g, y = _capture(lambda t: torch.tanh(t @ t) + t, x)
