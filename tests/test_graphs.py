@@ -225,6 +225,8 @@ _VIOLATIONS = {
     "cpu": lambda x: x.cpu(),
     "synchronize": lambda x: torch.neuron.synchronize(),
     "stream_synchronize": lambda x: torch.neuron.current_stream().synchronize(),
+    "event_synchronize": lambda x: torch.neuron.current_stream().record_event().synchronize(),
+    "join_another_stream": lambda x: torch.neuron.Stream().wait_stream(torch.neuron.current_stream()),
     "nonzero": lambda x: torch.nonzero(x),
     "boolean_mask": lambda x: x[x > 0],
     "rng": lambda x: torch.rand(4, device="neuron"),
@@ -242,6 +244,8 @@ def test_capture_rule_errors_leave_the_device_usable(what):
             _VIOLATIONS[what](y)
     if what in ("rng", "dropout"):
         assert "random ops cannot be captured yet" in str(info.value)
+    if what == "join_another_stream":
+        assert "not supported yet" in str(info.value)
     assert not torch.neuron.is_current_stream_capturing()
     with pytest.raises(RuntimeError, match="holds no capture"):
         g.replay()
