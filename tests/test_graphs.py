@@ -353,3 +353,20 @@ def test_blocking_launches_capture_and_replay_synchronously():
                           "blocking": torch_neuronx._C._launch_blocking()}))
     """, env={"NEURON_RT_LAUNCH_BLOCKING": "1"})
     assert out == {"y": [21.0, 41.0, 61.0, 81.0], "grad": [3.0, 3.0, 3.0], "blocking": True}
+
+
+def test_neuron_graph_as_a_context_manager_uses_its_graph_pool():
+    x = torch.ones(3, device="neuron")
+    s = torch.neuron.Stream()
+    g1 = torch.neuron.NeuronGraph()
+    with s, g1:
+        y = x + 1
+    g2 = torch.neuron.NeuronGraph()
+    g2.graph_pool = g1.pool()
+    with s, g2:
+        z = y * 2
+    assert g2.pool() == g1.pool()
+    x.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    g1.replay()
+    g2.replay()
+    assert_same(z, torch.tensor([4.0, 6.0, 8.0]))

@@ -51,6 +51,8 @@ class NeuronGraph(torch.accelerator.Graph):
         """Begins capturing the current stream (not the default stream).
         Usually called by :class:`graph`."""
         _check_mode(capture_error_mode)
+        if pool is None:  # `with g:` (torch.accelerator.Graph's protocol) passes none
+            pool = getattr(self, "graph_pool", None)
         torch._C._acceleratorGraph.capture_begin(self, pool=pool, capture_error_mode=capture_error_mode)
 
 
