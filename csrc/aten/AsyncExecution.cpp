@@ -13,7 +13,9 @@
 // The queued overloads and their meta functions are entries of the route
 // table (Routes.cpp). Other ops, random ops, and ops with CPU tensor operands
 // other than scalars run synchronously (host_execute), after the work queued
-// before them.
+// before them. While the stream is capturing a graph, queued routes are taken
+// always (small ops too) and the kernels are recorded; a synchronous op then
+// raises (docs/graphs.md).
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -174,6 +176,16 @@ class QueuedKernel final : public neuronrt::Kernel {
   // A c10::Error is reported at a later synchronization point, so it keeps
   // the message, not the executor thread's C++ backtrace.
   void run() override {
+    // On the launching thread (an inline run, or a graph replayed with
+    // blocking launches from Python), the thread's own state comes back after.
+    struct Restore {
+      c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+      c10::AutogradState autograd = c10::AutogradState::get_tls_state();
+      ~Restore() {
+        c10::impl::_force_tls_local_dispatch_key_set(keys);
+        c10::AutogradState::set_tls_state(autograd);
+      }
+    } restore;
     try {
       caller_.apply();
       body_();
@@ -202,7 +214,9 @@ void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& 
 
 bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
   static const bool enabled = !neuronrt::launch_blocking();
-  if (!enabled || strict_mode()) return false;
+  // A capturing stream records queued kernels, also with blocking launches;
+  // the synchronous path cannot be captured (docs/graphs.md).
+  if ((!enabled && !neuronrt::current_stream(device).is_capturing()) || strict_mode()) return false;
   const auto& table = entries();
   auto it = table.find(&op.schema());
   if (it == table.end()) return false;

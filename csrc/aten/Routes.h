@@ -31,7 +31,9 @@ namespace at::neuron {
 // launches are blocking, or the stream is idle and the work small, where the
 // runtime runs it inline rather than hand it to the executor (runtime.md,
 // "Small kernels on an idle stream"). The queued and direct paths both ask.
+// Never on a capturing stream: work there is recorded (docs/graphs.md).
 inline bool runs_inline(const neuronrt::Stream& stream, size_t bytes) {
+  if (stream.is_capturing()) return false;
   return neuronrt::launch_blocking() ||
          (bytes <= neuronrt::Stream::kInlineBytes / 2 && stream.query() && !stream.failed());
 }

@@ -60,6 +60,11 @@ namespace torch_neuronx {
 void init_distributed_bindings(py::module& m);  // csrc/distributed/init.cpp
 }
 
+namespace at::neuron {  // csrc/aten/NeuronGraph.cpp
+std::pair<uint64_t, uint64_t> graph_pool_handle();
+bool is_current_stream_capturing();
+}  // namespace at::neuron
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-neuronx native core";
   at::neuron::install_staging_allocator();
@@ -103,6 +108,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_in_bad_fork", [] { return neuronrt::in_bad_fork(); });
   m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
   m.def("_launch_blocking", [] { return neuronrt::launch_blocking(); });
+  m.def("_graph_pool_handle", &at::neuron::graph_pool_handle, "a new memory pool id for graphs to share");
+  m.def("_is_current_stream_capturing", &at::neuron::is_current_stream_capturing);
   m.def("_check_configuration", [] { at::neuron::rt_call([] { neuronrt::check_configuration(); }); });
   m.def("_current_device", [] { return neuronrt::current_device(); });
   m.def("_set_device", [](int index) { at::neuron::rt_call([&] { neuronrt::set_device(index); }); });

@@ -134,8 +134,24 @@ void* CachingAllocator::allocate(int device, size_t size) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   DeviceState& ds = state(device);
   size_t rounded = round_size(size);
-  Block* b = take_cached(ds, rounded);
-  if (!b) {
+  // A capturing thread allocates from its graph's pool only: blocks of the
+  // device's cache may be handed to other work while the graph replays.
+  PrivatePool* pool = nullptr;
+  if (!allocating_to_pool_.empty()) {
+    auto p = allocating_to_pool_.find({device, std::this_thread::get_id()});
+    if (p != allocating_to_pool_.end()) pool = p->second;
+  }
+  Block* b = nullptr;
+  if (pool) {
+    auto it = pool->cache.lower_bound(rounded);
+    if (it != pool->cache.end() && it->first <= rounded + rounded / 4) {
+      b = it->second;
+      pool->cache.erase(it);
+    }
+  } else {
+    b = take_cached(ds, rounded);
+  }
+  if (!b && !pool) {
     auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
     if (reserved() + rounded > ds.capacity && reclaim_hook_) {
       reclaim_hook_(device);
@@ -179,6 +195,7 @@ void* CachingAllocator::allocate(int device, size_t size) {
       b->mapped = shared.bytes;
       shared_fds_++;
     }
+    b->pool = pool;
     segments_.emplace(reinterpret_cast<uintptr_t>(ptr), b);
     notify(AllocatorEvent::Action::SegmentAlloc, device, ptr, rounded);
     update(ds.stats.segment, rounded, 1);
@@ -215,7 +232,9 @@ void CachingAllocator::free(void* ptr) {
   update(ds.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
-  if (ds.spare_nodes.empty()) {
+  if (b->pool) {
+    b->pool->cache.emplace(b->size, b);
+  } else if (ds.spare_nodes.empty()) {
     ds.cache.emplace(b->size, b);
   } else {
     auto node = std::move(ds.spare_nodes.back());
@@ -338,6 +357,60 @@ SharedBuffer CachingAllocator::shared_buffer(const void* ptr, size_t bytes) cons
   const Block* b = it->second;
   if (b->fd < 0 || addr - it->first > b->mapped || bytes > b->mapped - (addr - it->first)) return {};
   return {b->serial, b->fd, b->mapped, addr - it->first, shared_releases_};
+}
+
+void CachingAllocator::retain_pool(int device, MempoolId id) {
+  if (id == MempoolId{0, 0}) throw Error("neuron allocator: {0, 0} names no memory pool");
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  state(device);  // checks the device
+  auto& pool = pools_[{device, id.first, id.second}];
+  if (!pool) pool = std::make_unique<PrivatePool>();
+  pool->holders++;
+}
+
+void CachingAllocator::release_pool(int device, MempoolId id) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = pools_.find({device, id.first, id.second});
+  if (it == pools_.end() || --it->second->holders > 0) return;
+  PrivatePool* pool = it->second.get();
+  for (auto& [key, p] : allocating_to_pool_) {
+    if (p == pool) throw Error("neuron allocator: releasing a memory pool that a capture allocates from");
+  }
+  DeviceState& ds = state(device);
+  for (auto& [size, b] : pool->cache) {
+    b->pool = nullptr;
+    ds.cache.emplace(size, b);
+  }
+  for (auto& [addr, b] : segments_) {
+    if (b->pool == pool) b->pool = nullptr;  // to the device's cache when freed
+  }
+  pools_.erase(it);
+}
+
+void CachingAllocator::begin_allocate_to_pool(int device, MempoolId id) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = pools_.find({device, id.first, id.second});
+  if (it == pools_.end()) throw Error("neuron allocator: allocating to a memory pool that no graph holds");
+  if (!allocating_to_pool_.emplace(std::make_pair(device, std::this_thread::get_id()), it->second.get()).second) {
+    throw Error("neuron allocator: this thread already allocates to a memory pool on neuron:" +
+                std::to_string(device));
+  }
+}
+
+void CachingAllocator::end_allocate_to_pool(int device, std::thread::id thread) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  allocating_to_pool_.erase({device, thread});
+}
+
+size_t CachingAllocator::pool_reserved_bytes(int device, MempoolId id) const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = pools_.find({device, id.first, id.second});
+  if (it == pools_.end()) return 0;
+  size_t bytes = 0;
+  for (const auto& [addr, b] : segments_) {
+    if (b->pool == it->second.get()) bytes += b->size;
+  }
+  return bytes;
 }
 
 }  // namespace neuronrt

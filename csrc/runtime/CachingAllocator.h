@@ -6,6 +6,8 @@
 // the CUDA caching allocator's vocabulary (allocated/reserved/active bytes,
 // current/peak/allocated/freed, retries, OOMs) so torch.neuron.memory_stats()
 // reads like torch.cuda.memory_stats().
+// Private pools (device graphs, Graph.h) keep their own cache: blocks made
+// for a capture are reused only by that pool's graphs while one lives.
 #pragma once
 
 #include <array>
@@ -14,6 +16,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -21,6 +26,9 @@
 #include "PeerMemory.h"
 
 namespace neuronrt {
+
+// A private pool's id, as torch's MempoolId_t ({0, 0}: none).
+using MempoolId = std::pair<uint64_t, uint64_t>;
 
 class CachingAllocator {
  public:
@@ -76,9 +84,23 @@ class CachingAllocator {
   // The shareable segment holding [ptr, ptr + bytes) (serial 0 if none).
   SharedBuffer shared_buffer(const void* ptr, size_t bytes) const;
 
+  // Private pools. A pool lives while it is retained (a graph holds it);
+  // blocks freed into it stay in its cache. At the last release its cached
+  // blocks move to the device's cache, and its blocks still in use go there
+  // when freed.
+  void retain_pool(int device, MempoolId id);
+  void release_pool(int device, MempoolId id);
+  // Allocations of the calling thread on `device` come from pool `id` (which
+  // must be retained) until end_allocate_to_pool for that thread.
+  void begin_allocate_to_pool(int device, MempoolId id);
+  void end_allocate_to_pool(int device, std::thread::id thread);
+  // Bytes of the pool's blocks (in use and cached); 0 for no such pool.
+  size_t pool_reserved_bytes(int device, MempoolId id) const;
+
  private:
   CachingAllocator() = default;
 
+  struct PrivatePool;
   struct Block {
     int device;
     size_t size;       // rounded size
@@ -88,6 +110,11 @@ class CachingAllocator {
     int fd = -1;          // memfd of a shareable segment
     uint64_t serial = 0;  // its id for peers (0: private)
     size_t mapped = 0;    // its mapped length
+    PrivatePool* pool = nullptr;  // the private pool it returns to
+  };
+  struct PrivatePool {
+    std::multimap<size_t, Block*> cache;  // its free blocks by size
+    int holders = 0;                      // retain_pool() count
   };
   struct DeviceState {
     std::multimap<size_t, Block*> cache;  // free blocks by size
@@ -117,6 +144,9 @@ class CachingAllocator {
   uint64_t shared_serial_ = 0;    // last serial handed out
   uint64_t shared_releases_ = 0;  // shareable segments released so far
   ReclaimHook reclaim_hook_ = nullptr;
+  // Private pools by (device, id), and the threads allocating from one.
+  std::map<std::tuple<int, uint64_t, uint64_t>, std::unique_ptr<PrivatePool>> pools_;
+  std::map<std::pair<int, std::thread::id>, PrivatePool*> allocating_to_pool_;
 };
 
 }  // namespace neuronrt

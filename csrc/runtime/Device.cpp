@@ -236,6 +236,9 @@ const DeviceProperties& device_properties(int device) {
 void synchronize_device(int device) {
   check_device(device);
   std::vector<Stream*> streams = all_streams(device);
+  for (Stream* s : streams) {
+    if (s->is_capturing()) s->capture_violation("a device synchronize would wait for work that does not run until a replay");
+  }
   for (Stream* s : streams) s->wait_for(s->issued());
   for (Stream* s : streams) s->check_error();
 }

@@ -17,6 +17,7 @@
 
 #include "Device.h"
 #include "Error.h"
+#include "Graph.h"
 #include "Process.h"
 #include "Protect.h"
 #include "Registry.h"
@@ -338,8 +339,28 @@ void Stream::run(Kernel& kernel, uint64_t correlation) {
   kernel.run();
 }
 
+void Stream::begin_capture(CaptureRecord* record) {
+  CaptureRecord* expected = nullptr;
+  if (!capture_.compare_exchange_strong(expected, record, std::memory_order_acq_rel)) {
+    throw CaptureError("neuron:" + std::to_string(device_) + " stream " + std::to_string(id_) +
+                       " is capturing already: end that capture before beginning another");
+  }
+}
+
+void Stream::capture_violation(const std::string& what) const {
+  std::string msg = "neuron:" + std::to_string(device_) + " stream " + std::to_string(id_) +
+                    " is capturing a graph: " + what + ". The capture is invalidated.";
+  if (CaptureRecord* r = capture_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(r->mutex);
+    if (r->error.empty()) r->error = msg;
+  }
+  throw CaptureError(msg);
+}
+
 void Stream::launch(const std::function<void()>& fn, const char* name) {
   if (in_bad_fork()) throw BadForkError();
+  // A synchronous launch runs now: nothing a replay could repeat.
+  if (is_capturing()) capture_violation(std::string(name) + " runs synchronously and cannot be captured");
   // The caller runs `fn` itself, after the queued work. (Not after other
   // synchronous launches in progress: one of them may be this launch's caller.)
   if (completed() < last_queued_.load(std::memory_order_acquire)) stalls_.fetch_add(1, std::memory_order_relaxed);
@@ -373,6 +394,12 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
 
 void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   if (in_bad_fork()) throw BadForkError();
+  // Capturing: recorded for replays, never run now (not even inline).
+  if (CaptureRecord* r = capture_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(r->mutex);
+    r->kernels.push_back(std::move(kernel));
+    return;
+  }
   if (launch_blocking() || tls_inline_depth > 0) {
     launch([&] { kernel->run(); }, kernel->name());
     return;
@@ -475,6 +502,7 @@ void Stream::release_finished() const {
 }
 
 void Stream::synchronize() const {
+  if (is_capturing()) capture_violation("synchronize() would wait for work that does not run until a replay");
   wait_for(issued());
   check_error();
 }
@@ -522,6 +550,7 @@ std::vector<Stream*> all_streams(int device) {
 
 void Event::record(const Stream& stream) {
   stream_ = &stream;
+  captured_ = stream.is_capturing();
   seq_ = stream.issued();
   if (!timing_) return;
   time_ns_ = std::make_shared<std::atomic<int64_t>>(-1);
@@ -542,6 +571,7 @@ bool Event::query() const {
 
 void Event::synchronize() const {
   if (!stream_) return;
+  if (stream_->is_capturing()) stream_->capture_violation("an event of it cannot be synchronized with");
   stream_->wait_for(seq_);
   stream_->check_error();
 }
@@ -549,7 +579,16 @@ void Event::synchronize() const {
 void Event::block(const Stream& stream) const {
   // Work queued on `stream` after this call must not start before the
   // recorded position of the event's stream is reached.
-  if (!stream_ || stream_ == &stream || query()) return;
+  if (!stream_ || stream_ == &stream) return;
+  // A capture records one stream's kernels: joining streams to it (or making
+  // it wait for work outside it) is not supported yet.
+  if (captured_ && stream_->is_capturing()) {
+    stream_->capture_violation("making another stream wait for an event recorded in the capture is not supported yet");
+  }
+  if (stream.is_capturing() && !query()) {
+    stream.capture_violation("waiting for an event of another stream that has not completed is not supported yet");
+  }
+  if (query()) return;
   const_cast<Stream&>(stream).enqueue(std::make_unique<StreamWait>(*stream_, seq_));
 }
 

@@ -17,6 +17,8 @@
 // synchronization point of the stream (synchronize, a synchronous launch, an
 // event synchronize) raises KernelError naming the kernel, as CUDA reports
 // device-side asserts.
+// A stream in capture mode (Graph.h) records enqueued kernels instead of
+// running them, and refuses synchronous launches and synchronization.
 #pragma once
 
 #include <atomic>
@@ -29,7 +31,8 @@
 
 namespace neuronrt {
 
-class Kernel;  // Runtime.h
+class Kernel;         // Runtime.h
+struct CaptureRecord;  // Graph.h
 
 // Whether launches run synchronously (NEURON_RT_LAUNCH_BLOCKING=1, or the
 // vendor product's NEURON_LAUNCH_BLOCKING=1 when ours is unset; read once).
@@ -94,6 +97,14 @@ class Stream {
   // without waiting or reporting errors.
   void release_finished() const;
 
+  // Capture mode (Graph.h). While capturing, enqueue() appends to `record`.
+  bool is_capturing() const { return capture_.load(std::memory_order_acquire) != nullptr; }
+  void begin_capture(CaptureRecord* record);
+  void end_capture() { capture_.store(nullptr, std::memory_order_release); }
+  // Invalidates the capture in progress and throws CaptureError saying that
+  // `what` cannot happen while the stream is capturing.
+  [[noreturn]] void capture_violation(const std::string& what) const;
+
  private:
   struct Executor;
   Executor& executor() const;
@@ -109,6 +120,7 @@ class Stream {
   std::atomic<uint64_t> stalls_{0};
   mutable std::atomic<bool> failed_{false};
   mutable std::atomic<Executor*> executor_{nullptr};
+  std::atomic<CaptureRecord*> capture_{nullptr};
 };
 
 // What the profiler sees of each launch, reported after it ran, on the thread
@@ -157,6 +169,7 @@ class Event {
 
  private:
   bool timing_;
+  bool captured_ = false;  // recorded on a stream that was capturing
   const Stream* stream_ = nullptr;
   uint64_t seq_ = 0;
   // Set when the stream reaches the record point (timing events only).

@@ -1,0 +1,130 @@
+#include "Graph.h"
+
+#include <atomic>
+
+#include "CachingAllocator.h"
+#include "Stream.h"
+
+namespace neuronrt {
+namespace {
+
+std::atomic<uint64_t> g_next_pool_id{1};
+
+// One launch that runs a graph's recorded kernels in order. It shares the
+// record, so a reset (or the graph's end) while a replay is queued is safe.
+class GraphKernel final : public Kernel {
+ public:
+  explicit GraphKernel(std::shared_ptr<CaptureRecord> record) : record_(std::move(record)) {}
+  const char* name() const noexcept override { return "Graph replay"; }
+  void run() override {
+    // The record is not changed after capture_end: no lock needed.
+    for (const std::unique_ptr<Kernel>& k : record_->kernels) {
+      try {
+        k->run();
+      } catch (const std::exception& ex) {
+        throw Error(std::string(k->name()) + " (a kernel of the graph): " + ex.what());
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<CaptureRecord> record_;
+};
+
+}  // namespace
+
+MempoolId graph_pool_handle() { return {0, g_next_pool_id.fetch_add(1)}; }
+
+Graph::~Graph() { reset(); }
+
+void Graph::capture_begin(Stream& stream, MempoolId pool) {
+  if (stream_) throw CaptureError("this graph is capturing already: call capture_end() first");
+  if (captured_) throw CaptureError("this graph holds a capture already: call reset() before capturing again");
+  if (stream.is_capturing()) {
+    throw CaptureError("neuron:" + std::to_string(stream.device()) + " stream " + std::to_string(stream.id()) +
+                       " is capturing already: end that capture first");
+  }
+  CachingAllocator& alloc = CachingAllocator::instance();
+  const MempoolId id = pool == MempoolId{0, 0} ? MempoolId{g_next_pool_id.fetch_add(1), 0} : pool;
+  alloc.retain_pool(stream.device(), id);
+  try {
+    alloc.begin_allocate_to_pool(stream.device(), id);
+  } catch (...) {
+    alloc.release_pool(stream.device(), id);
+    throw;
+  }
+  auto record = std::make_shared<CaptureRecord>();
+  try {
+    stream.begin_capture(record.get());
+  } catch (...) {
+    alloc.end_allocate_to_pool(stream.device(), std::this_thread::get_id());
+    alloc.release_pool(stream.device(), id);
+    throw;
+  }
+  record_ = std::move(record);
+  stream_ = &stream;
+  thread_ = std::this_thread::get_id();
+  pool_ = id;
+  device_ = stream.device();
+  holds_pool_ = true;
+}
+
+void Graph::end(bool* valid, std::string* error) {
+  stream_->end_capture();
+  CachingAllocator::instance().end_allocate_to_pool(device_, thread_);
+  stream_ = nullptr;
+  std::lock_guard<std::mutex> lock(record_->mutex);
+  *error = record_->error;
+  *valid = error->empty();
+}
+
+void Graph::capture_end() {
+  if (!stream_) throw CaptureError("capture_end() without capture_begin()");
+  bool valid = false;
+  std::string error;
+  end(&valid, &error);
+  if (!valid) {
+    reset();
+    throw CaptureError("the graph capture was invalidated and is discarded: " + error);
+  }
+  captured_ = true;
+}
+
+void Graph::replay(Stream& stream) {
+  if (stream_) throw CaptureError("replay() of a graph that is still capturing: call capture_end() first");
+  if (!captured_) throw CaptureError("replay() of a graph that holds no capture");
+  if (stream.device() != device_) {
+    throw Error("replay() on neuron:" + std::to_string(stream.device()) + " of a graph captured on neuron:" +
+                std::to_string(device_));
+  }
+  stream.enqueue(std::make_unique<GraphKernel>(record_));
+}
+
+void Graph::reset() noexcept {
+  if (stream_) {
+    bool valid;
+    std::string error;
+    end(&valid, &error);
+  }
+  // The kernels release their tensors first: blocks of the pool go back to
+  // it, and with the pool to the device's cache.
+  record_.reset();
+  captured_ = false;
+  if (holds_pool_) {
+    holds_pool_ = false;
+    try {
+      CachingAllocator::instance().release_pool(device_, pool_);
+    } catch (...) {
+    }
+  }
+}
+
+std::vector<std::string> Graph::kernel_names() const {
+  std::vector<std::string> names;
+  if (!record_) return names;
+  std::lock_guard<std::mutex> lock(record_->mutex);
+  for (const auto& k : record_->kernels) names.emplace_back(k->name());
+  return names;
+}
+
+}  // namespace neuronrt

@@ -1,0 +1,229 @@
+#include <gtest/gtest.h>
+
+#include "csrc/runtime/CachingAllocator.h"
+#include "csrc/runtime/Error.h"
+#include "csrc/runtime/Graph.h"
+#include "csrc/runtime/Runtime.h"
+#include "csrc/runtime/Stream.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// A re-runnable kernel that calls `fn` (counts its runs).
+class FnKernel final : public neuronrt::Kernel {
+ public:
+  FnKernel(const char* name, std::function<void()> fn) : name_(name), fn_(std::move(fn)) {}
+  const char* name() const noexcept override { return name_; }
+  size_t bytes() const noexcept override { return 0; }  // small: would run inline outside capture
+  void run() override { fn_(); }
+
+ private:
+  const char* name_;
+  std::function<void()> fn_;
+};
+
+std::unique_ptr<neuronrt::Kernel> kernel(const char* name, std::function<void()> fn) {
+  return std::make_unique<FnKernel>(name, std::move(fn));
+}
+
+}  // namespace
+
+TEST(Graph, CaptureRecordsWithoutRunningAndReplaysInOrder) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::vector<int> order;
+  neuronrt::Graph g;
+  g.capture_begin(s);
+  EXPECT_TRUE(s.is_capturing());
+  const uint64_t issued = s.issued();
+  s.enqueue(kernel("a", [&] { order.push_back(1); }));
+  s.enqueue(kernel("b", [&] { order.push_back(2); }));
+  EXPECT_TRUE(order.empty());       // recorded, not run (not even inline)
+  EXPECT_EQ(s.issued(), issued);    // nothing issued
+  g.capture_end();
+  EXPECT_FALSE(s.is_capturing());
+  EXPECT_TRUE(g.captured());
+  EXPECT_EQ(g.kernel_names(), (std::vector<std::string>{"a", "b"}));
+  for (int i = 0; i < 3; ++i) g.replay(s);
+  s.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 1, 2, 1, 2}));
+  EXPECT_EQ(s.issued(), issued + 3);  // one launch per replay
+}
+
+TEST(Graph, ReplayHonoursStreamOrder) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::vector<int> order;
+  neuronrt::Graph g;
+  g.capture_begin(s);
+  s.enqueue(kernel("g", [&] { order.push_back(2); }));
+  g.capture_end();
+  s.enqueue(kernel("before", [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    order.push_back(1);
+  }));
+  g.replay(s);
+  s.enqueue(kernel("after", [&] { order.push_back(3); }));
+  s.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(Graph, HostWaitsInvalidateTheCaptureAndTheStreamStaysUsable) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  struct Case {
+    const char* what;
+    std::function<void()> op;
+  };
+  neuronrt::Event ev;
+  std::vector<Case> cases = {
+      {"launch", [&] { s.launch([] {}, "aten::nonzero"); }},
+      {"synchronize", [&] { s.synchronize(); }},
+      {"device", [&] { neuronrt::synchronize_device(0); }},
+      {"event", [&] {
+         ev.record(s);
+         ev.synchronize();
+       }},
+      {"memcpy", [&] {
+         int host = 0;
+         int dev = 0;
+         neuronrt::memcpy(&host, &dev, sizeof(int), neuronrt::MemcpyKind::DeviceToHost, s);
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    neuronrt::Graph g;
+    g.capture_begin(s);
+    try {
+      c.op();
+      ADD_FAILURE() << "no error";
+    } catch (const neuronrt::CaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find("is capturing"), std::string::npos) << e.what();
+    }
+    try {
+      g.capture_end();
+      ADD_FAILURE() << "capture_end accepted an invalidated capture";
+    } catch (const neuronrt::CaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find("invalidated"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(g.captured());
+    EXPECT_FALSE(s.is_capturing());
+    int ran = 0;
+    s.launch([&] { ran = 1; });
+    s.synchronize();
+    EXPECT_EQ(ran, 1);
+  }
+}
+
+TEST(Graph, RulesAndReset) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  neuronrt::Graph g;
+  EXPECT_THROW(g.replay(s), neuronrt::CaptureError);
+  EXPECT_THROW(g.capture_end(), neuronrt::CaptureError);
+  g.capture_begin(s);
+  neuronrt::Graph other;
+  EXPECT_THROW(other.capture_begin(s), neuronrt::CaptureError);  // one capture per stream
+  EXPECT_THROW(g.replay(s), neuronrt::CaptureError);
+  int runs = 0;
+  s.enqueue(kernel("k", [&] { ++runs; }));
+  g.capture_end();
+  EXPECT_THROW(g.capture_begin(s), neuronrt::CaptureError);  // holds one
+  g.replay(s);
+  g.reset();
+  EXPECT_FALSE(g.captured());
+  g.capture_begin(s);
+  s.enqueue(kernel("k2", [&] { runs += 10; }));
+  g.capture_end();
+  g.replay(s);
+  s.synchronize();
+  EXPECT_EQ(runs, 11);
+}
+
+TEST(Graph, ReplayErrorsNameTheKernel) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  neuronrt::Graph g;
+  g.capture_begin(s);
+  s.enqueue(kernel("failing", [] { throw neuronrt::Error("boom"); }));
+  g.capture_end();
+  try {
+    g.replay(s);     // raises here with NEURON_RT_LAUNCH_BLOCKING=1
+    s.synchronize();  // else here, as a queued kernel's failure
+    ADD_FAILURE() << "no error";
+  } catch (const neuronrt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failing (a kernel of the graph): boom"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Graph, CaptureAllocatesFromThePrivatePool) {
+  auto& alloc = neuronrt::CachingAllocator::instance();
+  auto& s = neuronrt::pool_stream(0, 0);
+  const size_t n = 1 << 20;
+  // A cached block of the device that a capture must not take.
+  void* cached = alloc.allocate(0, n);
+  alloc.free(cached);
+  auto g = std::make_unique<neuronrt::Graph>();
+  g->capture_begin(s);
+  void* a = alloc.allocate(0, n);
+  EXPECT_NE(a, cached);
+  // Another thread's allocations do not come from the pool.
+  void* b = nullptr;
+  std::thread([&] { b = alloc.allocate(0, n); }).join();
+  EXPECT_EQ(b, cached);
+  alloc.free(a);  // back to the pool, not the device's cache
+  void* c = alloc.allocate(0, n);
+  EXPECT_EQ(c, a);
+  alloc.free(c);
+  g->capture_end();
+  EXPECT_EQ(alloc.pool_reserved_bytes(0, g->pool()), neuronrt::CachingAllocator::round_size(n));
+  void* d = alloc.allocate(0, n);  // outside capture: the pool's block stays private
+  EXPECT_NE(d, a);
+  alloc.free(d);
+  alloc.free(b);
+
+  // A second graph sharing the pool reuses its block.
+  neuronrt::Graph g2;
+  g2.capture_begin(s, g->pool());
+  void* e = alloc.allocate(0, n);
+  EXPECT_EQ(e, a);
+  alloc.free(e);
+  g2.capture_end();
+  const neuronrt::MempoolId pool = g->pool();
+  g.reset();  // g2 still holds the pool
+  EXPECT_GT(alloc.pool_reserved_bytes(0, pool), 0u);
+  g2.reset();  // the last holder: the block returns to the device's cache
+  EXPECT_EQ(alloc.pool_reserved_bytes(0, pool), 0u);
+  // The device's cache holds it now, with the two other blocks freed above.
+  std::vector<void*> taken;
+  for (int i = 0; i < 3; ++i) taken.push_back(alloc.allocate(0, n));
+  EXPECT_NE(std::find(taken.begin(), taken.end(), a), taken.end());
+  for (void* p : taken) alloc.free(p);
+}
+
+TEST(Graph, BlocksInUseWhenThePoolEndsReturnToTheDeviceCache) {
+  auto& alloc = neuronrt::CachingAllocator::instance();
+  auto& s = neuronrt::pool_stream(0, 0);
+  const size_t n = 3 << 20;
+  void* a = nullptr;
+  neuronrt::MempoolId pool;
+  {
+    neuronrt::Graph g;
+    g.capture_begin(s, neuronrt::graph_pool_handle());
+    a = alloc.allocate(0, n);  // a static output the caller keeps
+    g.capture_end();
+    pool = g.pool();
+    EXPECT_EQ(pool.first, 0u);  // a handle's id
+  }
+  EXPECT_EQ(alloc.pool_reserved_bytes(0, pool), 0u);
+  const auto before = alloc.stats(0).allocated_bytes[neuronrt::kAllPools].current;
+  alloc.free(a);
+  EXPECT_LT(alloc.stats(0).allocated_bytes[neuronrt::kAllPools].current, before);
+  void* b = alloc.allocate(0, n);
+  EXPECT_EQ(b, a);
+  alloc.free(b);
+}
