@@ -190,6 +190,12 @@ void plan_prefetch(const Ctx& c, int64_t i, int64_t j, int64_t p, int64_t pe, in
       if (w[0] == OP_ACT && slot == w[8]) continue;  // reduce_res: written
       const View& v = prog.view(k, slot);
       if (v.ndim < 2 || prog.buffers()[v.buf].arena_offset >= 0 || v.stride[0] <= 0) continue;
+      // Only rows narrower than fp32: their loops convert as they read, so the
+      // fetch overlaps work. A loop over fp32 rows runs at memory speed, where
+      // the hardware's stream prefetcher keeps up and lines fetched a block
+      // ahead only push out the block the next record reads again (RMSNorm at
+      // 1 thread without it: fp32 about 15 % less CPU time; bf16 about 40 % more).
+      if (itemsize(prog.dtypes()[v.buf]) >= 4) continue;
       int64_t extent = 1, numel = 1;
       bool ok = true;
       for (int d = 1; d < v.ndim; ++d) {
