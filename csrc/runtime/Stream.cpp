@@ -1,3 +1,6 @@
+// Streams, their executor threads, events and capture into graphs (Stream.h).
+// Slightly over 600 lines: the executor, the inline path and capture share the
+// stream's private queue state, which is easier to check in one file.
 #include "Stream.h"
 
 #include <array>
