@@ -12,7 +12,6 @@
 #include <fstream>
 
 #include "NeuronFunctions.h"
-#include "csrc/runtime/Graph.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {

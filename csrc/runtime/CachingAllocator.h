@@ -27,9 +27,6 @@
 
 namespace neuronrt {
 
-// A private pool's id, as torch's MempoolId_t ({0, 0}: none).
-using MempoolId = std::pair<uint64_t, uint64_t>;
-
 class CachingAllocator {
  public:
   static constexpr size_t kSmallSize = kSmallPoolLimit;

@@ -21,13 +21,12 @@
 #include <utility>
 #include <vector>
 
-#include "CachingAllocator.h"
 #include "Error.h"
 #include "Runtime.h"
 
 namespace neuronrt {
 
-// Pool ids (MempoolId, CachingAllocator.h): {graph-made id, 0} for a graph's
+// Pool ids (MempoolId, MemoryStats.h): {graph-made id, 0} for a graph's
 // own pool, {0, handle id} for graph_pool_handle(); {0, 0} is "no pool".
 // A new id for a pool several graphs may share (torch.cuda.graph_pool_handle).
 MempoolId graph_pool_handle();

@@ -8,8 +8,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace neuronrt {
+
+// A private memory pool's id, as torch's MempoolId_t ({0, 0}: none; graphs,
+// Graph.h).
+using MempoolId = std::pair<uint64_t, uint64_t>;
 
 // Blocks up to this size come from the small pool.
 constexpr size_t kSmallPoolLimit = size_t{1} << 20;
