@@ -182,6 +182,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     copy_async(self, dst, stream, name);
     return dst;
   }
+  if (stream.is_capturing() && !self.is_privateuseone()) {
+    // Only a queued copy can be recorded (docs/graphs.md, "Copies").
+    rt_call([&] {
+      stream.capture_violation("a copy from pageable host memory (torch.tensor(data, device=...), .to() of a CPU "
+                               "tensor) runs synchronously and cannot be captured: create the tensor before the "
+                               "capture, or copy_ from pinned memory with non_blocking=True (each replay copies "
+                               "from that pinned buffer again)");
+    });
+  }
   at::Tensor src_h = host_alias(self);
   at::Tensor dst_h = host_alias(dst);
   auto body = [&] { dst_h.copy_(src_h, non_blocking); };
