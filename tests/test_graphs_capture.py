@@ -222,3 +222,128 @@ def test_opinfo_sweep_captures_most_ops_and_replays_none_wrong():
           f"skipped {r['skipped']} (of {attempted + r['skipped']} samples)")
     assert r["wrong"] == [], {k: r["errors"].get(k) for k in r["wrong"]}
     assert r["captured"] >= 0.85 * attempted, r["errors"]
+
+
+# ---- ops that read device values on the host -------------------------------------
+
+_HOST_READS = {
+    "nonzero": lambda x: torch.nonzero(x > 0),
+    "boolean_mask_index": lambda x: x[x > 0],
+    "masked_select": lambda x: torch.masked_select(x, x > 0),
+    "unique": lambda x: torch.unique(x),
+    "item": lambda x: x.sum().item(),
+    "equal": lambda x: torch.equal(x, x + 1),
+    "tolist": lambda x: x.tolist(),
+    "bool": lambda x: bool(x.sum() > 0),
+    "repeat_interleave": lambda x: torch.repeat_interleave(torch.ones(4, dtype=torch.long, device="neuron")),
+}
+
+
+@pytest.mark.parametrize("what", list(_HOST_READS))
+def test_host_reads_raise_the_capture_error_and_leave_the_device_usable(what):
+    x = torch.randn(16, device="neuron")
+    g = torch.neuron.NeuronGraph()
+    with pytest.raises(RuntimeError, match=r"neuron:0 stream \d+ is capturing a graph: .*The capture is invalidated"):
+        with torch.neuron.graph(g):
+            _HOST_READS[what](torch.relu(x))
+    assert not torch.neuron.is_current_stream_capturing()
+    ref = x.cpu()
+    assert_same(torch.nonzero(x > 0), torch.nonzero(ref > 0))  # the op itself works eagerly afterwards
+    g2, y = _capture(lambda t: torch.relu(t) * 2, x)  # and a new capture works
+    g2.replay()
+    assert_same(y, torch.relu(ref) * 2)
+
+
+def test_boolean_mask_in_place_writes_are_recorded():
+    # Writing through a mask keeps the shape: nothing for the host to read.
+    x = torch.zeros(12, device="neuron")
+    g, _ = _capture(lambda t: t.masked_fill_(t > 0.5, 0.5).index_put_((t < -0.5,), torch.tensor(-0.5)), x)
+    ref = torch.randn(12)
+    x.copy_(ref)
+    g.replay()
+    assert_same(x, ref.clamp(-0.5, 0.5))
+
+
+# ---- host-to-device copies ----------------------------------------------------------
+
+def test_pinned_non_blocking_copy_is_recorded_and_rereads_the_pinned_buffer():
+    host = torch.zeros(32).pin_memory()
+    dev = torch.zeros(32, device="neuron")
+    g, y = _capture(lambda: dev.copy_(host, non_blocking=True) * 3)
+    for _ in range(3):
+        ref = torch.randn(32)
+        host.copy_(ref)  # the replay copies from the pinned buffer as it is then
+        g.replay()
+        assert_same(y, ref * 3)
+
+
+@pytest.mark.parametrize("how", ["pageable_copy", "blocking_pinned_copy", "tensor_from_list", "to_device"])
+def test_synchronous_host_copies_raise_with_a_hint(how):
+    dev = torch.zeros(4, device="neuron")
+    copies = {
+        "pageable_copy": lambda: dev.copy_(torch.ones(4), non_blocking=True),
+        "blocking_pinned_copy": lambda: dev.copy_(torch.ones(4).pin_memory()),
+        "tensor_from_list": lambda: torch.tensor([1.0, 2.0, 3.0, 4.0], device="neuron") + dev,
+        "to_device": lambda: torch.ones(4).to("neuron") + dev,
+    }
+    with pytest.raises(RuntimeError, match="create the tensor before the capture"):
+        _capture(copies[how])
+    assert_same(torch.tensor([1.0, 2.0], device="neuron") + 1, torch.tensor([2.0, 3.0]))
+
+
+# ---- random ops ------------------------------------------------------------------------
+
+def _random_ops(x, gen=None):
+    return (torch.rand(16, device="neuron"), torch.randn(8, 3, device="neuron"),
+            torch.nn.functional.dropout(x, 0.5), torch.bernoulli(torch.full((32,), 0.3, device="neuron")),
+            torch.empty(20, device="neuron").normal_(2.0, 0.5, generator=gen))
+
+
+def test_random_ops_in_cpu_rng_mode_raise_with_the_philox_hint():
+    assert torch.neuron.get_rng_mode() == "cpu"
+    with pytest.raises(RuntimeError, match=r'set_rng_mode\("philox"\)'):
+        _capture(lambda: torch.rand(4, device="neuron"))
+    assert_same(torch.zeros(2, device="neuron") + 1, torch.ones(2))
+
+
+def test_random_ops_replay_fresh_numbers_equal_to_eager(philox_rng):
+    x = torch.ones(64, device="neuron")
+    gen = torch.Generator(device="neuron")
+    torch.neuron.manual_seed(123)
+    gen.manual_seed(7)
+    g, outs = _capture(_random_ops, x, gen)
+    start = torch.neuron.default_generators[0].get_offset()
+    replays = []
+    for _ in range(3):
+        g.replay()
+        replays.append([o.cpu() for o in outs])
+    # Each replay moved the generators past the capture's draws.
+    drawn = torch.neuron.default_generators[0].get_offset() - start
+    assert drawn > 0 and drawn % 3 == 0
+    # Fresh numbers per replay ...
+    for a, b in zip(replays[0], replays[1]):
+        assert not torch.equal(a, b)
+    # ... the numbers eager calls draw from the same (seed, offset) sequence.
+    torch.neuron.manual_seed(123)
+    gen.manual_seed(7)
+    for r in replays:
+        for got, want in zip(r, _random_ops(x, gen)):
+            torch.testing.assert_close(got, want.cpu(), rtol=0, atol=0)
+    assert torch.neuron.default_generators[0].get_offset() == start + drawn
+
+
+def test_manual_seed_between_replays_restarts_the_replays_numbers(philox_rng):
+    # As CUDA graphs: a replay reads the generator's seed and offset when it
+    # is launched, so reseeding repeats the replays that followed the seed.
+    g, y = _capture(lambda: torch.randn(10, device="neuron") * 2)
+    torch.neuron.manual_seed(5)
+    g.replay()
+    first = y.cpu()
+    g.replay()
+    second = y.cpu()
+    torch.neuron.manual_seed(5)
+    g.replay()
+    assert torch.equal(y.cpu(), first)
+    assert not torch.equal(first, second)
+    torch.neuron.manual_seed(5)
+    assert torch.equal(torch.randn(10, device="neuron").cpu() * 2, first)
