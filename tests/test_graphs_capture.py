@@ -296,7 +296,8 @@ def test_synchronous_host_copies_raise_with_a_hint(how):
 def _random_ops(x, gen=None):
     return (torch.rand(16, device="neuron"), torch.randn(8, 3, device="neuron"),
             torch.nn.functional.dropout(x, 0.5), torch.bernoulli(torch.full((32,), 0.3, device="neuron")),
-            torch.empty(20, device="neuron").normal_(2.0, 0.5, generator=gen))
+            torch.empty(20, device="neuron").normal_(2.0, 0.5, generator=gen),
+            torch.multinomial(x.view(4, 16).softmax(-1), 3), torch.randperm(12, device="neuron"))
 
 
 def test_random_ops_in_cpu_rng_mode_raise_with_the_philox_hint():
