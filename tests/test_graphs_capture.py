@@ -234,6 +234,7 @@ _HOST_READS = {
     "item": lambda x: x.sum().item(),
     "equal": lambda x: torch.equal(x, x + 1),
     "tolist": lambda x: x.tolist(),
+    "cpu": lambda x: x.cpu(),
     "bool": lambda x: bool(x.sum() > 0),
     "repeat_interleave": lambda x: torch.repeat_interleave(torch.ones(4, dtype=torch.long, device="neuron")),
 }
@@ -275,6 +276,17 @@ def test_pinned_non_blocking_copy_is_recorded_and_rereads_the_pinned_buffer():
         host.copy_(ref)  # the replay copies from the pinned buffer as it is then
         g.replay()
         assert_same(y, ref * 3)
+
+
+def test_non_blocking_copy_to_pinned_memory_is_recorded():
+    x = torch.zeros(16, device="neuron")
+    out = torch.empty(16).pin_memory()
+    g, _ = _capture(lambda: out.copy_(x.exp(), non_blocking=True))
+    ref = torch.randn(16)
+    x.copy_(ref)
+    g.replay()
+    torch.neuron.synchronize()
+    torch.testing.assert_close(out, ref.exp())
 
 
 @pytest.mark.parametrize("how", ["pageable_copy", "blocking_pinned_copy", "tensor_from_list", "to_device"])
@@ -348,3 +360,24 @@ def test_manual_seed_between_replays_restarts_the_replays_numbers(philox_rng):
     assert not torch.equal(first, second)
     torch.neuron.manual_seed(5)
     assert torch.equal(torch.randn(10, device="neuron").cpu() * 2, first)
+
+
+def test_views_are_made_at_capture_also_across_dtypes():
+    # Rotary embeddings written with complex numbers (view_as_complex/real),
+    # and unfold: views of device memory, made at capture.
+    x = torch.zeros(2, 6, 8, device="neuron")
+    freqs = torch.polar(torch.ones(6, 4), torch.randn(6, 4)).to("neuron")
+
+    def fn(t):
+        xc = torch.view_as_complex(t.float().reshape(2, 6, 4, 2))
+        rotated = torch.view_as_real(xc * freqs).flatten(2)
+        return rotated, t[:, 1:].unfold(1, 2, 1).sum(-1)
+
+    g, (rot, win) = _capture(fn, x)
+    for _ in range(2):
+        ref = torch.randn(2, 6, 8)
+        x.copy_(ref)
+        g.replay()
+        xc = torch.view_as_complex(ref.reshape(2, 6, 4, 2))
+        assert_same(rot, torch.view_as_real(xc * freqs.cpu()).flatten(2))
+        assert_same(win, ref[:, 1:].unfold(1, 2, 1).sum(-1))

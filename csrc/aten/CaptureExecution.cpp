@@ -126,6 +126,19 @@ bool match_cpu_outputs(const c10::FunctionSchema& schema, const torch::jit::Stac
   return name.rfind("aten::_embedding_bag", 0) != 0;
 }
 
+// A view of device tensor `t` with the geometry and dtype of meta view `m`
+// of t's meta twin (view_as_real's reinterpretation included).
+at::Tensor view_over(const at::Tensor& t, const at::Tensor& m) {
+  if (!m.defined()) return m;
+  const int64_t offset_bytes = t.storage_offset() * static_cast<int64_t>(t.itemsize());
+  TORCH_INTERNAL_ASSERT(offset_bytes % static_cast<int64_t>(m.itemsize()) == 0);
+  at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(t.storage()),
+                                                          t.key_set(), m.dtype());
+  v.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(),
+                                                 offset_bytes / static_cast<int64_t>(m.itemsize()) + m.storage_offset());
+  return v;
+}
+
 // How a recorded random op draws at replay (NeuronGenerator.h, GraphRng).
 struct RecordedDraw {
   std::shared_ptr<GraphRng> rng;
@@ -240,13 +253,9 @@ bool record_in_capture(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
         // A view computes nothing: made now, over the input's memory, with
         // the meta view's geometry (its offset is relative to the input's).
         const c10::IValue& in = (*stack)[begin + arg];
-        if (!in.isTensor() || !meta[j].isTensor() || meta[j].toTensor().scalar_type() != in.toTensor().scalar_type()) {
-          violation("returns a view of an input of another dtype or a list of views, which a capture cannot "
-                    "record yet");
-        }
-        const at::Tensor& m = meta[j].toTensor();
+        if (!in.isTensor()) violation("returns a view of a tensor list, which a capture cannot record yet");
         const at::Tensor& t = in.toTensor();
-        results[j] = t.as_strided(m.sizes(), m.strides(), t.storage_offset() + m.storage_offset());
+        results[j] = map_tensors(meta[j], [&](const at::Tensor& m) { return view_over(t, m); });
         ++views;
       } else {
         results[j] = map_tensors(meta[j], [&](const at::Tensor& m) {
