@@ -381,3 +381,61 @@ def test_views_are_made_at_capture_also_across_dtypes():
         xc = torch.view_as_complex(ref.reshape(2, 6, 4, 2))
         assert_same(rot, torch.view_as_real(xc * freqs.cpu()).flatten(2))
         assert_same(win, ref[:, 1:].unfold(1, 2, 1).sum(-1))
+
+
+def test_tiny_llama_sampling_decode_loop_in_a_graph_matches_eager(philox_rng):
+    # generate() with graphs: the decode step and its sampling (softmax,
+    # multinomial) replayed per token, against the same loop run eagerly
+    # from the same seed.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(cfg).eval().to("neuron")
+    prompt = torch.randint(0, 64, (1, 4), device="neuron")
+
+    def step(ids, pos, cache):
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos).logits
+        return torch.multinomial(torch.softmax(logits[:, -1] / 0.8, -1), 1)
+
+    def prefill(cache):
+        return model(input_ids=prompt, past_key_values=cache, use_cache=True,
+                     cache_position=torch.arange(4, device="neuron")).logits[:, -1:].argmax(-1)
+
+    with torch.no_grad():
+        cache = transformers.StaticCache(config=cfg, max_cache_len=16)
+        ids, pos = prefill(cache), torch.tensor([4], device="neuron")
+        g, next_tok = _capture(step, ids, pos, cache)
+        torch.neuron.manual_seed(11)
+        graph_tokens = []
+        for k in range(4, 12):
+            pos.fill_(k)
+            g.replay()
+            graph_tokens.append(next_tok.item())
+            ids.copy_(next_tok)
+
+        cache = transformers.StaticCache(config=cfg, max_cache_len=16)
+        tok = prefill(cache)
+        torch.neuron.manual_seed(11)
+        eager_tokens = []
+        for k in range(4, 12):
+            tok = step(tok, torch.tensor([k], device="neuron"), cache)
+            eager_tokens.append(tok.item())
+    assert graph_tokens == eager_tokens
+    assert len(set(eager_tokens)) > 1  # sampled, not a constant
+
+
+def test_attention_without_dropout_moves_no_generator(philox_rng):
+    # Eagerly the fused attention ran inline (small, idle stream) or queued;
+    # only the inline run used to move the offset, so a graph's draws and the
+    # eager ones went apart. Neither moves it now.
+    q = torch.randn(1, 2, 5, 8, device="neuron")
+    big = torch.randn(1, 2, 300, 64, device="neuron")
+    gen = torch.neuron.default_generators[0]
+    torch.neuron.manual_seed(0)
+    torch.neuron.synchronize()
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # idle stream: inline
+    torch.nn.functional.scaled_dot_product_attention(big, big, big)  # large: queued
+    torch.neuron.synchronize()
+    assert gen.get_offset() == 0
