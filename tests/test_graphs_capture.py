@@ -439,3 +439,32 @@ def test_attention_without_dropout_moves_no_generator(philox_rng):
     torch.nn.functional.scaled_dot_product_attention(big, big, big)  # large: queued
     torch.neuron.synchronize()
     assert gen.get_offset() == 0
+
+
+def test_forward_and_backward_of_a_layer_norm_relu_gelu_mlp_replay():
+    # Backward ops (layer-norm, threshold and GELU backward, ...) are
+    # recorded like the forward ones; grads set to None before the capture
+    # are allocated in it and rewritten by each replay.
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.LayerNorm(12), torch.nn.Linear(12, 20), torch.nn.ReLU(),
+                                   torch.nn.Linear(20, 12), torch.nn.GELU())
+    ref, dev = make(), make().to("neuron")
+    dev.load_state_dict(ref.state_dict())
+    x = torch.zeros(5, 12, device="neuron", requires_grad=True)
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        loss = dev(x).pow(2).mean()
+        loss.backward()
+    for _ in range(2):
+        xin = torch.randn(5, 12)
+        x.data.copy_(xin)
+        g.replay()
+        xr = xin.clone().requires_grad_()
+        ref.zero_grad(set_to_none=True)
+        ref(xr).pow(2).mean().backward()
+        assert_same(loss, ref(xr).pow(2).mean().detach())
+        assert_same(x.grad, xr.grad, atol=1e-6, rtol=1e-5)
+        for p, q in zip(dev.parameters(), ref.parameters()):
+            assert_same(p.grad, q.grad, atol=1e-6, rtol=1e-5)
