@@ -309,7 +309,9 @@ def _random_ops(x, gen=None):
     return (torch.rand(16, device="neuron"), torch.randn(8, 3, device="neuron"),
             torch.nn.functional.dropout(x, 0.5), torch.bernoulli(torch.full((32,), 0.3, device="neuron")),
             torch.empty(20, device="neuron").normal_(2.0, 0.5, generator=gen),
-            torch.multinomial(x.view(4, 16).softmax(-1), 3), torch.randperm(12, device="neuron"))
+            torch.multinomial(x.view(4, 16).softmax(-1), 3), torch.randperm(12, device="neuron"),
+            torch.randint(0, 1000, (9,), device="neuron"), torch.rand_like(x).exponential_(),
+            torch.poisson(x * 4))
 
 
 def test_random_ops_in_cpu_rng_mode_raise_with_the_philox_hint():
