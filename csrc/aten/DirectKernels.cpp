@@ -325,7 +325,8 @@ at::Tensor& zero_(at::Tensor& self) {
 
 // Advanced indexing with int64 device indices. (Boolean masks need nonzero,
 // int32 and CPU indices a conversion: the host path.) The host path never
-// queues it either: it always runs on the caller.
+// queues it either: it always runs on the caller, except while capturing,
+// where the host path records it.
 at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   bool direct = plain(self) && !strict_mode();
   for (size_t i = 0; direct && i < indices.size(); ++i) {
@@ -334,6 +335,7 @@ at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tenso
   }
   if (!direct) return host_path<at::_ops::index_Tensor>(self, indices);
   auto& stream = stream_of(self);
+  if (stream.is_capturing()) return host_path<at::_ops::index_Tensor>(self, indices);
   AllocationContext context;
   Guard guard(self);
   Outputs<at::native::structured_index_out> op;

@@ -141,7 +141,7 @@ class HostCall {
     }
     // Ops without a Generator argument (native_dropout, ...) draw from the
     // CPU default generator inside their CPU kernel.
-    implicit_ = !gen_.defined() && op_.hasTag(at::Tag::nondeterministic_seeded);
+    implicit_ = !gen_.defined() && draws_implicitly(op_, &stack_[args_begin_]);
     if (implicit_) gen_ = default_generator(device_index());
     // A neuron generator alone (no neuron tensor or device among the
     // arguments) routes a CPU op here: refuse it as CUDA does.
@@ -154,15 +154,6 @@ class HostCall {
   void launch() {
     const c10::DeviceIndex device = device_index();
     c10::DeviceGuard guard(device_of_index(device));
-    if (gen_.defined()) {
-      // A replay would repeat the captured draw: not yet (docs/graphs.md).
-      rt_call([&] {
-        neuronrt::Stream& stream = neuronrt::current_stream(device);
-        if (stream.is_capturing()) {
-          stream.capture_violation(std::string(schema_.name()) + " draws random numbers, and random ops cannot be captured yet");
-        }
-      });
-    }
     std::optional<GeneratorBridge> rng;
     if (gen_.defined()) rng.emplace(gen_.get<NeuronGeneratorImpl>(), implicit_, generator_args_);
     staging_.emplace(device);
@@ -356,6 +347,12 @@ std::vector<c10::IValue> host_call(const char* name, const char* overload, std::
   return stack;
 }
 
+bool draws_implicitly(const c10::OperatorHandle& op, const c10::IValue* args) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  const auto dropout = op.schema().argumentIndexWithName("dropout_p");
+  return !(dropout && args[*dropout].isDouble() && args[*dropout].toDouble() == 0.0);
+}
+
 void check_supported_dtype(c10::ScalarType dtype) {
   // Complex types run on the host runtime (models such as DeepSeek-V2 and
   // Llama 4 write rotary embeddings with them); quantized types have no kernels.
@@ -370,6 +367,7 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HostCall call(op, stack);
   call.check();
   if (launch_async(op, stack, call.device_index())) return;  // queued
+  if (record_in_capture(op, stack, call.device_index())) return;  // recorded in a graph
   call.alias();
   call.launch();
   call.adopt();
