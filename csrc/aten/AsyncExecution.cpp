@@ -212,6 +212,10 @@ void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& 
   queue(stream, name, src.nbytes() + dst.nbytes(), [src = host_alias(src), dst = host_alias(dst)] { dst.copy_(src); });
 }
 
+void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, std::function<void()> body) {
+  queue(stream, name, bytes, std::move(body));
+}
+
 bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
   static const bool enabled = !neuronrt::launch_blocking();
   // A capturing stream records queued kernels, also with blocking launches;

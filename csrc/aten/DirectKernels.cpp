@@ -325,9 +325,10 @@ at::Tensor& zero_(at::Tensor& self) {
 
 // Advanced indexing with int64 device indices. (Boolean masks need nonzero,
 // int32 and CPU indices a conversion: the host path.) The host path never
-// queues it either: it always runs on the caller.
+// queues it either: it always runs on the caller, except while capturing,
+// where the host path records it.
 at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
-  bool direct = plain(self) && !strict_mode();
+  bool direct = plain(self) && !strict_mode() && !stream_of(self).is_capturing();
   for (size_t i = 0; direct && i < indices.size(); ++i) {
     const std::optional<at::Tensor> t = indices[i];
     if (t && t->defined()) direct = plain(*t) && t->device() == self.device() && t->scalar_type() == at::kLong;

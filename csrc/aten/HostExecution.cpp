@@ -154,15 +154,6 @@ class HostCall {
   void launch() {
     const c10::DeviceIndex device = device_index();
     c10::DeviceGuard guard(device_of_index(device));
-    if (gen_.defined()) {
-      // A replay would repeat the captured draw: not yet (docs/graphs.md).
-      rt_call([&] {
-        neuronrt::Stream& stream = neuronrt::current_stream(device);
-        if (stream.is_capturing()) {
-          stream.capture_violation(std::string(schema_.name()) + " draws random numbers, and random ops cannot be captured yet");
-        }
-      });
-    }
     std::optional<GeneratorBridge> rng;
     if (gen_.defined()) rng.emplace(gen_.get<NeuronGeneratorImpl>(), implicit_, generator_args_);
     staging_.emplace(device);
@@ -370,6 +361,7 @@ void host_execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HostCall call(op, stack);
   call.check();
   if (launch_async(op, stack, call.device_index())) return;  // queued
+  if (record_in_capture(op, stack, call.device_index())) return;  // recorded in a graph
   call.alias();
   call.launch();
   call.adopt();

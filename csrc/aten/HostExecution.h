@@ -13,6 +13,7 @@
 #include <ATen/core/stack.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -43,6 +44,16 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
 // Queues dst.copy_(src) (either may be a CPU tensor) on `stream`; the kernel
 // keeps both alive until it has run.
 void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& stream, const char* name);
+
+// Queues `body` on `stream` as a kernel named `name` (a string that outlives
+// it), run with the caller's thread state (AsyncExecution.cpp).
+void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, std::function<void()> body);
+
+// While `device`'s current stream captures a graph: records `op` as a kernel,
+// its outputs described by the op's Meta kernel (CaptureExecution.cpp), and
+// returns true; raises a capture error for ops that cannot be recorded.
+// Returns false when the stream is not capturing.
+bool record_in_capture(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device);
 
 // Boxed PrivateUse1 fallback for ops with no neuron kernel: counts the op
 // (OpTracking.h), warns once per op, and raises instead when

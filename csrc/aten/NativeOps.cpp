@@ -182,6 +182,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     copy_async(self, dst, stream, name);
     return dst;
   }
+  if (stream.is_capturing() && !dst.is_privateuseone()) {
+    rt_call([&] {
+      stream.capture_violation("a copy to the host (.cpu(), .tolist(), .numpy(), printing) would read values that "
+                               "are computed only at replay");
+    });
+  }
+  if (stream.is_capturing() && !self.is_privateuseone()) {
+    // Only a queued copy can be recorded (docs/graphs.md, "Copies").
+    rt_call([&] {
+      stream.capture_violation("a copy from pageable host memory (torch.tensor(data, device=...), .to() of a CPU "
+                               "tensor) runs synchronously and cannot be captured: create the tensor before the "
+                               "capture, or copy_ from pinned memory with non_blocking=True (each replay copies "
+                               "from that pinned buffer again)");
+    });
+  }
   at::Tensor src_h = host_alias(self);
   at::Tensor dst_h = host_alias(dst);
   auto body = [&] { dst_h.copy_(src_h, non_blocking); };
@@ -201,6 +216,10 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   rt_call([&] {
     neuronrt::Stream& stream = neuronrt::current_stream(self.device().index());
+    if (stream.is_capturing()) {
+      stream.capture_violation(".item() (or bool(t), printing) would read on the host a value that is computed "
+                               "only at replay");
+    }
     neuronrt::memcpy(host.mutable_data_ptr(), self.const_data_ptr(), self.dtype().itemsize(),
                      neuronrt::MemcpyKind::DeviceToHost, stream);
   });

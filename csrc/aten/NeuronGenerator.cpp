@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 
 #include "NeuronFunctions.h"
@@ -122,9 +123,11 @@ void NeuronGeneratorImpl::set_offset(uint64_t offset) {
   move_to(seed_, offset, /*by_offset=*/true);
 }
 
+uint64_t draw_increment(uint64_t n) { return std::max<uint64_t>(4, neuronrt::philox_offset_increment(n)); }
+
 std::pair<uint64_t, uint64_t> NeuronGeneratorImpl::reserve(uint64_t n) {
   uint64_t start = offset_;
-  offset_ += std::max<uint64_t>(4, neuronrt::philox_offset_increment(n));
+  offset_ += draw_increment(n);
   return {seed_, start};
 }
 
@@ -224,8 +227,8 @@ at::Generator new_generator(c10::DeviceIndex device) {
 
 namespace {
 
-at::Generator philox_bridge(const NeuronGeneratorImpl& gen) {
-  auto r = neuronrt::philox4x32(gen.current_seed(), gen.get_offset() >> 2, /*subsequence=*/0x6e6575726f6eULL);
+at::Generator philox_bridge(uint64_t seed, uint64_t offset) {
+  auto r = neuronrt::philox4x32(seed, offset >> 2, /*subsequence=*/0x6e6575726f6eULL);
   uint64_t mixed = (static_cast<uint64_t>(r[1]) << 32) | r[0];
   return at::make_generator<at::CPUGeneratorImpl>(mixed);
 }
@@ -241,13 +244,13 @@ GeneratorBridge::GeneratorBridge(NeuronGeneratorImpl* gen, bool implicit, c10::A
     for (c10::IValue* arg : generator_args) *arg = gen->engine();
   } else if (implicit) {
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    at::Generator seeded = philox_bridge(*gen);
+    at::Generator seeded = philox_bridge(gen->current_seed(), gen->get_offset());
     std::lock_guard<std::mutex> lock(cpu.mutex());
     cpu_state_ = cpu.get_state();
     cpu.set_state(seeded.get_state());
     cpu_default_ = cpu;
   } else {
-    for (c10::IValue* arg : generator_args) *arg = philox_bridge(*gen);
+    for (c10::IValue* arg : generator_args) *arg = philox_bridge(gen->current_seed(), gen->get_offset());
   }
 }
 
@@ -260,6 +263,57 @@ void GeneratorBridge::finish(uint64_t drawn) {
     cpu_default_.reset();
   }
   lock_.unlock();
+}
+
+PhiloxDraw::PhiloxDraw(uint64_t seed, uint64_t offset, bool implicit, c10::ArrayRef<c10::IValue*> generator_args) {
+  if (implicit) {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    at::Generator seeded = philox_bridge(seed, offset);
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu_state_ = cpu.get_state();
+    cpu.set_state(seeded.get_state());
+    cpu_default_ = cpu;
+  } else {
+    for (c10::IValue* arg : generator_args) *arg = philox_bridge(seed, offset);
+  }
+}
+
+PhiloxDraw::~PhiloxDraw() {
+  if (!cpu_default_) return;
+  std::lock_guard<std::mutex> lock(cpu_default_->mutex());
+  cpu_default_->set_state(cpu_state_);
+}
+
+namespace {
+std::mutex graph_rng_mutex;
+// Capturing stream -> the generators its capture registered.
+std::map<const void*, std::vector<std::shared_ptr<GraphRng>>>& graph_rngs() {
+  static std::map<const void*, std::vector<std::shared_ptr<GraphRng>>> m;
+  return m;
+}
+}  // namespace
+
+void begin_graph_rng(const void* stream) {
+  std::lock_guard<std::mutex> lock(graph_rng_mutex);
+  graph_rngs()[stream].clear();
+}
+
+std::vector<std::shared_ptr<GraphRng>> end_graph_rng(const void* stream) {
+  std::lock_guard<std::mutex> lock(graph_rng_mutex);
+  auto node = graph_rngs().extract(stream);
+  return node.empty() ? std::vector<std::shared_ptr<GraphRng>>{} : std::move(node.mapped());
+}
+
+std::shared_ptr<GraphRng> graph_rng(const void* stream, const at::Generator& gen) {
+  std::lock_guard<std::mutex> lock(graph_rng_mutex);
+  auto& list = graph_rngs()[stream];
+  for (const auto& r : list) {
+    if (r->gen == gen) return r;
+  }
+  auto r = std::make_shared<GraphRng>();
+  r->gen = gen;
+  list.push_back(r);
+  return r;
 }
 
 }  // namespace at::neuron

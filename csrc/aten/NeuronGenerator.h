@@ -30,8 +30,11 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/util/ArrayRef.h>
 
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "csrc/runtime/Runtime.h"
 
@@ -108,6 +111,49 @@ class GeneratorBridge {
  private:
   NeuronGeneratorImpl* gen_;
   std::unique_lock<std::mutex> lock_;
+  std::optional<at::Generator> cpu_default_;
+  at::Tensor cpu_state_;
+};
+
+// ---- random ops in graphs (docs/graphs.md, "Random ops") -------------------
+//
+// As CUDA graphs with Philox: a capture registers each generator its random
+// ops draw from, and every recorded draw keeps its offset relative to the
+// generator's offset at replay. Each replay reads the generator's (seed,
+// offset), advances its offset by the capture's total, and hands the pair to
+// its kernels through a kernel queued before the replay (stream order), so
+// replays draw fresh numbers and equal eager runs from the same state. Only
+// in philox mode: the cpu engine (mt19937) cannot be restarted at an offset.
+
+// What the recorded draws of one generator read at replay.
+struct GraphRng {
+  at::Generator gen;
+  uint64_t total = 0;  // offset units the capture's draws consume
+  // The replay's start, set by the kernel queued before it.
+  std::atomic<uint64_t> seed{0}, base{0};
+};
+
+// A capture of `stream` begins / ends: the generators registered meanwhile.
+void begin_graph_rng(const void* stream);
+std::vector<std::shared_ptr<GraphRng>> end_graph_rng(const void* stream);
+// The registration of `gen` with the capture of `stream` (made at its first draw).
+std::shared_ptr<GraphRng> graph_rng(const void* stream, const at::Generator& gen);
+
+// The offset units a draw of `n` values consumes (what an eager call adds).
+uint64_t draw_increment(uint64_t n);
+
+// A random kernel's draw from Philox (seed, offset), as GeneratorBridge does
+// in philox mode: its Generator arguments become a CPU generator seeded from
+// the pair, or, without one (`implicit`), the CPU default generator is for
+// the call (restored by the destructor).
+class PhiloxDraw {
+ public:
+  PhiloxDraw(uint64_t seed, uint64_t offset, bool implicit, c10::ArrayRef<c10::IValue*> generator_args);
+  ~PhiloxDraw();
+  PhiloxDraw(const PhiloxDraw&) = delete;
+  PhiloxDraw& operator=(const PhiloxDraw&) = delete;
+
+ private:
   std::optional<at::Generator> cpu_default_;
   at::Tensor cpu_state_;
 };

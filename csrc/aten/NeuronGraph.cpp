@@ -11,7 +11,9 @@
 
 #include <fstream>
 
+#include "HostExecution.h"
 #include "NeuronFunctions.h"
+#include "NeuronGenerator.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -42,10 +44,15 @@ struct NeuronGraphImpl final : public at::GraphImplInterface {
                 "enter a torch.neuron.Stream() first)");
     mode_ = mode_name(mode);
     rt_call([&] { graph_.capture_begin(stream, {pool.first, pool.second}); });
+    begin_graph_rng(&stream);
+    capture_stream_ = &stream;
+    rngs_.clear();
     instantiated_ = false;
   }
 
   void capture_end() override {
+    if (capture_stream_) rngs_ = end_graph_rng(capture_stream_);
+    capture_stream_ = nullptr;
     rt_call([&] { graph_.capture_end(); });
     if (!keep_graph_) instantiate();
   }
@@ -58,10 +65,33 @@ struct NeuronGraphImpl final : public at::GraphImplInterface {
   void replay() override {
     TORCH_CHECK(graph_.captured(), "replay() of a neuron graph that holds no capture");
     if (!instantiated_) instantiate();
-    rt_call([&] { graph_.replay(neuronrt::current_stream(static_cast<c10::DeviceIndex>(graph_.device()))); });
+    neuronrt::Stream& stream =
+        rt_call([&]() -> neuronrt::Stream& { return neuronrt::current_stream(static_cast<c10::DeviceIndex>(graph_.device())); });
+    // Each registered generator: this replay draws from its current (seed,
+    // offset), which moves past the capture's draws (as CUDA graphs' Philox
+    // seed/offset); the kernel queued first hands the pair to the recorded
+    // draws in stream order.
+    for (const auto& rng : rngs_) {
+      auto* gen = rng->gen.get<NeuronGeneratorImpl>();
+      std::pair<uint64_t, uint64_t> start;
+      {
+        std::lock_guard<std::mutex> lock(gen->mutex_);
+        TORCH_CHECK(rng_mode() == RngMode::Philox, "replay() of a neuron graph with random ops needs the "
+                    "\"philox\" rng mode it was captured in (torch.neuron.set_rng_mode(\"philox\"))");
+        start = gen->reserve(rng->total);
+      }
+      queue_host_work(stream, "graph rng state", 0, [rng, start] {
+        rng->seed.store(start.first);
+        rng->base.store(start.second);
+      });
+    }
+    rt_call([&] { graph_.replay(stream); });
   }
 
   void reset() override {
+    if (capture_stream_) end_graph_rng(capture_stream_);
+    capture_stream_ = nullptr;
+    rngs_.clear();
     graph_.reset();
     instantiated_ = false;
   }
@@ -90,6 +120,8 @@ struct NeuronGraphImpl final : public at::GraphImplInterface {
 
  private:
   neuronrt::Graph graph_;
+  const neuronrt::Stream* capture_stream_ = nullptr;  // while capturing
+  std::vector<std::shared_ptr<GraphRng>> rngs_;      // generators the capture's random ops draw from
   bool keep_graph_;
   bool instantiated_ = false;
   bool debug_ = false;
