@@ -11,15 +11,18 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 class Bump(torch.nn.Module):
-    """A smooth activation made of ops (and backward ops) that capture today."""
+    """A smooth activation of plain element-wise ops."""
 
     def forward(self, t):
         return t * torch.exp(-t * t) + 0.5 * t
 
 
-def _mlp():
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), Bump(), torch.nn.Linear(32, 32), Bump(),
-                               torch.nn.Linear(32, 8))
+def _mlp(kind="bump"):
+    if kind == "bump":
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), Bump(), torch.nn.Linear(32, 32), Bump(),
+                                   torch.nn.Linear(32, 8))
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8))
 
 
 def _train(model, opt_cls, batches, device):
@@ -35,10 +38,11 @@ def _train(model, opt_cls, batches, device):
     return history
 
 
+@pytest.mark.parametrize("kind", ["bump", "gelu-relu-tanh-layernorm"])
 @pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam], ids=["sgd", "adam"])
-def test_mlp_training_steps_equal_eager_and_cpu(opt_cls):
+def test_mlp_training_steps_equal_eager_and_cpu(opt_cls, kind):
     torch.manual_seed(0)
-    cpu = _mlp()
+    cpu = _mlp(kind)
     eager, graphed = copy.deepcopy(cpu).to("neuron"), copy.deepcopy(cpu).to("neuron")
     graphed = torch.neuron.make_graphed_callables(graphed, (torch.randn(4, 16, device="neuron"),))
     batches = [(torch.randn(4, 16), torch.randn(4, 8)) for _ in range(5)]

@@ -33,8 +33,7 @@ def _encoder_layer():
 
 @pytest.fixture
 def no_mha_fastpath():
-    # The fused eval fast path is one host fallback op: it cannot be recorded
-    # (test_uncapturable_graph_falls_back_with_one_logged_reason uses it).
+    # Inductor then compiles the layer itself (the fast path is one fallback op).
     enabled = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     yield
@@ -147,18 +146,56 @@ def _fallback_records(caplog):
     return [r for r in caplog.records if r.name == graphs.__name__]
 
 
+def _dropout_fn(w):
+    return lambda x: torch.nn.functional.dropout(x @ w, 0.5, training=True)
+
+
 def test_uncapturable_graph_falls_back_with_one_logged_reason(caplog):
-    cpu = _encoder_layer()  # eval + no_grad: the fused fast path, a host fallback op
+    # Random ops capture only in the "philox" rng mode; the default draws
+    # from the CPU generator's engine, which a replay cannot restart.
+    assert torch.neuron.get_rng_mode() == "cpu"
+    torch.manual_seed(5)
+    w = torch.randn(16, 16)
+    f = _compile(_dropout_fn(w.to("neuron")))
+    with caplog.at_level(logging.WARNING, logger=graphs.__name__):
+        for _ in range(4):
+            x = torch.randn(8, 16)
+            out = f(x.to("neuron")).cpu()
+            kept = out != 0
+            assert 0 < kept.sum() < out.numel()
+            torch.testing.assert_close(out[kept], ((x @ w) * 2)[kept], **TOL)  # dropped or scaled by 1/(1-p)
+    records = _fallback_records(caplog)
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert "capture failed" in records[0].getMessage() and "philox" in records[0].getMessage()
+    assert graphs.graph_stats() == {"captures": 0, "replays": 0, "fallbacks": 1}
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] >= 1
+
+
+def test_random_ops_replay_the_eager_sequence_in_philox_mode(philox_rng):
+    torch.manual_seed(6)
+    w = torch.randn(16, 16, device="neuron")
+    xs = [torch.randn(8, 16, device="neuron") for _ in range(5)]
+    runs = {}
+    for mode in ("reduce-overhead", "default"):
+        torch._dynamo.reset()
+        f = torch.compile(_dropout_fn(w), backend="neuron", mode=mode)
+        torch.neuron.manual_seed(123)
+        runs[mode] = [f(x).cpu() for x in xs]
+    assert graphs.graph_stats() == {"captures": 1, "replays": 4, "fallbacks": 0}
+    masks = [(out == 0) for out in runs["reduce-overhead"]]
+    assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:]))  # fresh numbers every replay
+    for got, want in zip(runs["reduce-overhead"], runs["default"]):
+        assert torch.equal(got, want)
+
+
+def test_fused_encoder_fast_path_replays():
+    cpu = _encoder_layer()  # eval + no_grad: the fused fast path, one host fallback op
     f = _compile(copy.deepcopy(cpu).to("neuron"))
-    with caplog.at_level(logging.WARNING, logger=graphs.__name__), torch.no_grad():
+    with torch.no_grad():
         for _ in range(4):
             x = torch.randn(2, 8, 32)
             assert_same(f(x.to("neuron")), cpu(x), **TOL)
-    records = _fallback_records(caplog)
-    assert len(records) == 1, [r.getMessage() for r in records]
-    assert "capture failed" in records[0].getMessage() and "cannot be captured" in records[0].getMessage()
-    assert graphs.graph_stats() == {"captures": 0, "replays": 0, "fallbacks": 1}
-    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] >= 1
+    assert graphs.graph_stats() == {"captures": 1, "replays": 3, "fallbacks": 0}
 
 
 def test_cpu_tensors_in_the_graph_fall_back(caplog):
