@@ -159,8 +159,9 @@ def test_bad_arguments():
     hooked.register_forward_hook(lambda *args: None)
     with pytest.raises(RuntimeError, match="no hooks"):
         torch.neuron.make_graphed_callables(hooked, (x,))
-    graphed = torch.neuron.make_graphed_callables(lambda t: t * 3, (x,))
+    graphed = torch.neuron.make_graphed_callables(lambda t: t * 3, (x,), num_warmup_iters=0)
     with pytest.raises(ValueError, match=r"captured for \(2, 3\) torch.float32"):
         graphed(torch.randn(4, 3, device="neuron"))
     with pytest.raises(TypeError, match="takes 1 tensors"):
         graphed(x, x)
+    assert_same(graphed(torch.ones(2, 3, device="neuron")), torch.full((2, 3), 3.0))

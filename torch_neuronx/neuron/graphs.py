@@ -170,7 +170,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, al
             for _ in range(num_warmup_iters):
                 outs = torch.utils._pytree.tree_leaves(fn(*args))
                 grads_of(outs, surface, [torch.empty_like(o) for o in outs])
-            del outs
+                del outs
     torch.neuron.synchronize()
 
     # Capture in the order of a training step, all in one pool: forwards
