@@ -309,7 +309,9 @@ def _random_ops(x, gen=None):
     return (torch.rand(16, device="neuron"), torch.randn(8, 3, device="neuron"),
             torch.nn.functional.dropout(x, 0.5), torch.bernoulli(torch.full((32,), 0.3, device="neuron")),
             torch.empty(20, device="neuron").normal_(2.0, 0.5, generator=gen),
-            torch.multinomial(x.view(4, 16).softmax(-1), 3), torch.randperm(12, device="neuron"))
+            torch.multinomial(x.view(4, 16).softmax(-1), 3), torch.randperm(12, device="neuron"),
+            torch.randint(0, 1000, (9,), device="neuron"), torch.rand_like(x).exponential_(),
+            torch.poisson(x * 4))
 
 
 def test_random_ops_in_cpu_rng_mode_raise_with_the_philox_hint():
@@ -381,3 +383,90 @@ def test_views_are_made_at_capture_also_across_dtypes():
         xc = torch.view_as_complex(ref.reshape(2, 6, 4, 2))
         assert_same(rot, torch.view_as_real(xc * freqs.cpu()).flatten(2))
         assert_same(win, ref[:, 1:].unfold(1, 2, 1).sum(-1))
+
+
+def test_tiny_llama_sampling_decode_loop_in_a_graph_matches_eager(philox_rng):
+    # generate() with graphs: the decode step and its sampling (softmax,
+    # multinomial) replayed per token, against the same loop run eagerly
+    # from the same seed.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(cfg).eval().to("neuron")
+    prompt = torch.randint(0, 64, (1, 4), device="neuron")
+
+    def step(ids, pos, cache):
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=pos).logits
+        return torch.multinomial(torch.softmax(logits[:, -1] / 0.8, -1), 1)
+
+    def prefill(cache):
+        return model(input_ids=prompt, past_key_values=cache, use_cache=True,
+                     cache_position=torch.arange(4, device="neuron")).logits[:, -1:].argmax(-1)
+
+    with torch.no_grad():
+        cache = transformers.StaticCache(config=cfg, max_cache_len=16)
+        ids, pos = prefill(cache), torch.tensor([4], device="neuron")
+        g, next_tok = _capture(step, ids, pos, cache)
+        torch.neuron.manual_seed(11)
+        graph_tokens = []
+        for k in range(4, 12):
+            pos.fill_(k)
+            g.replay()
+            graph_tokens.append(next_tok.item())
+            ids.copy_(next_tok)
+
+        cache = transformers.StaticCache(config=cfg, max_cache_len=16)
+        tok = prefill(cache)
+        torch.neuron.manual_seed(11)
+        eager_tokens = []
+        for k in range(4, 12):
+            tok = step(tok, torch.tensor([k], device="neuron"), cache)
+            eager_tokens.append(tok.item())
+    assert graph_tokens == eager_tokens
+    assert len(set(eager_tokens)) > 1  # sampled, not a constant
+
+
+def test_attention_without_dropout_moves_no_generator(philox_rng):
+    # Eagerly the fused attention ran inline (small, idle stream) or queued;
+    # only the inline run used to move the offset, so a graph's draws and the
+    # eager ones went apart. Neither moves it now.
+    q = torch.randn(1, 2, 5, 8, device="neuron")
+    big = torch.randn(1, 2, 300, 64, device="neuron")
+    gen = torch.neuron.default_generators[0]
+    torch.neuron.manual_seed(0)
+    torch.neuron.synchronize()
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # idle stream: inline
+    torch.nn.functional.scaled_dot_product_attention(big, big, big)  # large: queued
+    torch.neuron.synchronize()
+    assert gen.get_offset() == 0
+
+
+def test_forward_and_backward_of_a_layer_norm_relu_gelu_mlp_replay():
+    # Backward ops (layer-norm, threshold and GELU backward, ...) are
+    # recorded like the forward ones; grads set to None before the capture
+    # are allocated in it and rewritten by each replay.
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.LayerNorm(12), torch.nn.Linear(12, 20), torch.nn.ReLU(),
+                                   torch.nn.Linear(20, 12), torch.nn.GELU())
+    ref, dev = make(), make().to("neuron")
+    dev.load_state_dict(ref.state_dict())
+    x = torch.zeros(5, 12, device="neuron", requires_grad=True)
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        loss = dev(x).pow(2).mean()
+        loss.backward()
+    for _ in range(2):
+        xin = torch.randn(5, 12)
+        x.data.copy_(xin)
+        g.replay()
+        xr = xin.clone().requires_grad_()
+        ref.zero_grad(set_to_none=True)
+        ref(xr).pow(2).mean().backward()
+        assert_same(loss, ref(xr).pow(2).mean().detach())
+        assert_same(x.grad, xr.grad, atol=1e-6, rtol=1e-5)
+        for p, q in zip(dev.parameters(), ref.parameters()):
+            assert_same(p.grad, q.grad, atol=1e-6, rtol=1e-5)

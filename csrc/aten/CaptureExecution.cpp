@@ -174,7 +174,7 @@ bool record_in_capture(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
     const c10::IValue& g = (*stack)[begin + i];
     gen = g.isNone() ? default_generator(device) : g.toGenerator();
   }
-  if (!draw && op.hasTag(at::Tag::nondeterministic_seeded)) {
+  if (!draw && draws_implicitly(op, &(*stack)[begin])) {
     draw.emplace();
     draw->implicit = true;
     gen = default_generator(device);

@@ -328,13 +328,14 @@ at::Tensor& zero_(at::Tensor& self) {
 // queues it either: it always runs on the caller, except while capturing,
 // where the host path records it.
 at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
-  bool direct = plain(self) && !strict_mode() && !stream_of(self).is_capturing();
+  bool direct = plain(self) && !strict_mode();
   for (size_t i = 0; direct && i < indices.size(); ++i) {
     const std::optional<at::Tensor> t = indices[i];
     if (t && t->defined()) direct = plain(*t) && t->device() == self.device() && t->scalar_type() == at::kLong;
   }
   if (!direct) return host_path<at::_ops::index_Tensor>(self, indices);
   auto& stream = stream_of(self);
+  if (stream.is_capturing()) return host_path<at::_ops::index_Tensor>(self, indices);
   AllocationContext context;
   Guard guard(self);
   Outputs<at::native::structured_index_out> op;

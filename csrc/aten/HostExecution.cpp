@@ -141,7 +141,7 @@ class HostCall {
     }
     // Ops without a Generator argument (native_dropout, ...) draw from the
     // CPU default generator inside their CPU kernel.
-    implicit_ = !gen_.defined() && op_.hasTag(at::Tag::nondeterministic_seeded);
+    implicit_ = !gen_.defined() && draws_implicitly(op_, &stack_[args_begin_]);
     if (implicit_) gen_ = default_generator(device_index());
     // A neuron generator alone (no neuron tensor or device among the
     // arguments) routes a CPU op here: refuse it as CUDA does.
@@ -345,6 +345,12 @@ std::vector<c10::IValue> host_call(const char* name, const char* overload, std::
   torch::jit::Stack stack(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
   host_execute(op, &stack);
   return stack;
+}
+
+bool draws_implicitly(const c10::OperatorHandle& op, const c10::IValue* args) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  const auto dropout = op.schema().argumentIndexWithName("dropout_p");
+  return !(dropout && args[*dropout].isDouble() && args[*dropout].toDouble() == 0.0);
 }
 
 void check_supported_dtype(c10::ScalarType dtype) {

@@ -88,6 +88,13 @@ void for_each_tensor(const c10::IValue& iv, F&& fn) {
   }
 }
 
+// Whether `op`, called with the arguments at `args` (its first argument),
+// draws from the default generator inside its CPU kernel although it has no
+// Generator argument (the nondeterministic_seeded tag: native_dropout). An
+// attention op with dropout_p == 0 draws nothing: it moves no generator,
+// however it runs (queued, inline or in a graph).
+bool draws_implicitly(const c10::OperatorHandle& op, const c10::IValue* args);
+
 // Unsupported dtypes (complex, quantized) raise TypeError.
 void check_supported_dtype(c10::ScalarType dtype);
 
