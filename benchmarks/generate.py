@@ -7,6 +7,10 @@ One run measures, for the target device and for CPU:
 * ``compiled-static`` -- StaticCache with the decode step compiled by Transformers
   (``torch.compile``, Inductor, ``mode="reduce-overhead"``; auto on neuron, forced on CPU)
 * ``eager-static``    -- optional (``--variants``): StaticCache, ``disable_compile=True``
+* ``graphs``          -- optional (``--variants``): StaticCache, decode step compiled with
+  ``backend="neuron", mode="reduce-overhead"``, i.e. replayed as one neuron graph per token
+  (docs/graphs.md); CPU has no graphs, so its column is CPU Inductor (``compiled-static``'s
+  CPU run). The report gives graphs' tokens/s over CPU eager and CPU Inductor.
 
 Each variant gets ``--warmup`` untimed generations (the first one of ``compiled-static``
 includes compilation) and ``--runs`` timed ones of exactly ``--max-new-tokens`` new tokens
@@ -24,6 +28,7 @@ Examples::
     python benchmarks/generate.py                       # neuron vs CPU
     python benchmarks/generate.py --device cpu          # self-check on CPU only
     python benchmarks/generate.py --json results.json --runs 5
+    python benchmarks/generate.py --variants eager-dynamic,compiled-static,graphs --threads 1
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ def _load_example():
 
 ex = _load_example()
 
-ALL_VARIANTS = ("eager-dynamic", "eager-static", "compiled-static")
+ALL_VARIANTS = ("eager-dynamic", "eager-static", "compiled-static", "graphs")
+COMPILED_VARIANTS = ("compiled-static", "graphs")
 
 
 def log(*args):
@@ -98,16 +104,19 @@ def copy_bandwidth(device: str, megabytes: int, iters: int) -> dict:
 # --------------------------------------------------------------------------- decode runs
 def variant_kwargs(variant: str, device: str, args) -> dict:
     cache = "dynamic" if variant == "eager-dynamic" else "static"
-    compiled = variant == "compiled-static"
+    compiled = variant in COMPILED_VARIANTS
     # Transformers compiles by itself on neuron/cuda/...; on CPU it has to be forced.
     force = compiled and ex.device_type(device) not in ex.AUTO_COMPILE_DEVICE_TYPES
+    backend, mode = (args.compile_backend, args.compile_mode) if compiled else (None, None)
+    if variant == "graphs" and ex.device_type(device) == "neuron":
+        backend, mode = "neuron", "reduce-overhead"
     return ex.generation_kwargs(
         args.max_new_tokens,
         cache,
         no_compile=not compiled,
         force_compile=force,
-        compile_backend=args.compile_backend if compiled else None,
-        compile_mode=args.compile_mode if compiled else None,
+        compile_backend=backend,
+        compile_mode=mode,
         min_new_tokens=args.max_new_tokens,
     )
 
@@ -123,7 +132,7 @@ class _Variant:
         self.runs: list = []
         self.ids = None
         model = state["model"]
-        if variant == "compiled-static" and hasattr(model, "_compiled_call"):
+        if variant in COMPILED_VARIANTS and hasattr(model, "_compiled_call"):
             del model._compiled_call  # make "compiled" below reflect this variant only
 
     def guarded(self, step) -> None:
@@ -147,7 +156,9 @@ class _Variant:
 
     def timed(self) -> None:
         def step():
+            replays = _graph_replays()
             self.ids, stats = ex.run_generate(self.state["model"], self.state["inputs"], self.kwargs)
+            stats["graph_replays"] = _graph_replays() - replays
             self.runs.append(stats)
             log(f"    [{self.state['device']}] {self.variant}: {stats['decode_tok_s']:.2f} tok/s")
         self.guarded(step)
@@ -167,16 +178,23 @@ class _Variant:
                 decode_tokens=self.runs[0]["decode_tokens"],
                 runs=rates,
                 token_ids=self.ids,
+                graph_replays_per_run=[r["graph_replays"] for r in self.runs],
             )
-            if self.variant == "compiled-static" and not self.result["compiled"]:
+            if self.variant in COMPILED_VARIANTS and not self.result["compiled"]:
                 self.result.update(ok=False, error="generate() did not compile the decode step "
                                                    "(transformers' auto-compile criteria not met)")
-        if self.variant == "compiled-static" and hasattr(model, "_compiled_call"):
+        if self.variant in COMPILED_VARIANTS and hasattr(model, "_compiled_call"):
             del model._compiled_call
         bound = self.state["out"].get("bound_tok_s")
         if self.result.get("ok") and bound:
             self.result["fraction_of_bound"] = self.result["decode_tok_s_median"] / bound
         return self.result
+
+
+def _graph_replays() -> int:
+    """Neuron graph replays so far (0 without torch_neuronx)."""
+    module = sys.modules.get("torch_neuronx._compile.graphs")
+    return module.graph_stats()["replays"] if module is not None else 0
 
 
 def load_device(device: str, tokenizer, args) -> dict:
@@ -229,7 +247,7 @@ def bench_devices(devices, tokenizer, args) -> dict:
                 r.timed()
         for r in runs:
             r.state["out"]["variants"][variant] = r.finish()
-        if variant == "compiled-static":
+        if variant in COMPILED_VARIANTS:
             torch._dynamo.reset()
     for s in live:
         s["out"]["memory"] = memory_report(s["device"])
@@ -283,6 +301,17 @@ def summarize(target: dict, cpu: dict, variants) -> dict:
             "device": k["device_tok_s"] / e["device_tok_s"] if k["device_tok_s"] and e["device_tok_s"] else None,
             "cpu": k["cpu_tok_s"] / e["cpu_tok_s"] if k["cpu_tok_s"] and e["cpu_tok_s"] else None,
         }
+    if "graphs" in summary:
+        g = summary["graphs"]["device_tok_s"]
+        cpu_eager = next((summary[v]["cpu_tok_s"] for v in ("eager-dynamic", "eager-static")
+                          if v in summary and summary[v]["cpu_tok_s"]), None)
+        # The graphs row's CPU column is CPU Inductor, timed alternately with the graph runs.
+        cpu_inductor = summary["graphs"]["cpu_tok_s"] or summary.get("compiled-static", {}).get("cpu_tok_s")
+        summary["_graphs_over_cpu"] = {
+            "eager": g / cpu_eager if g and cpu_eager else None,
+            "inductor": g / cpu_inductor if g and cpu_inductor else None,
+            "replays_per_run": target.get("variants", {}).get("graphs", {}).get("graph_replays_per_run"),
+        }
     return summary
 
 
@@ -331,6 +360,10 @@ def print_report(report: dict, stream) -> None:
     if sp:
         p(f"compiled-static / eager-dynamic: {dev} {_fmt(sp['device'])}x"
           + ("" if report["config"]["self_check"] else f", cpu {_fmt(sp['cpu'])}x"))
+    gr = report["summary"].get("_graphs_over_cpu")
+    if gr:
+        p(f"graphs ({dev}) / cpu eager: {_fmt(gr['eager'])}x; / cpu inductor: {_fmt(gr['inductor'])}x; "
+          f"graph replays per timed run: {gr['replays_per_run']}")
 
 
 def parse_args(argv=None):

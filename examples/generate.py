@@ -9,6 +9,7 @@ Examples::
 
     python examples/generate.py                          # neuron, static cache, eager decode
     python examples/generate.py --compile                # neuron, static cache, compiled decode
+    python examples/generate.py --graphs                 # neuron, static cache, decode replayed as a neuron graph
     python examples/generate.py --cache dynamic          # neuron, dynamic cache, eager
     python examples/generate.py --compare-cpu            # also run on CPU, require identical text
     python examples/generate.py --device cpu             # CPU only (no backend needed)
@@ -19,7 +20,9 @@ Decode runs eagerly by default: for one answer that is the fastest end to end (c
 the decode step costs ~10 s for each new prompt length and saves little per token on this
 model; docs/benchmarks.md). ``--compile`` lets Transformers compile it (``torch.compile``,
 Inductor, ``mode="reduce-overhead"``), as it does by itself on accelerators; on CPU
-``--force-compile`` does the same.
+``--force-compile`` does the same. ``--graphs`` compiles it with ``backend="neuron",
+mode="reduce-overhead"``, which captures the compiled decode step into a neuron graph and
+replays it for each token (docs/graphs.md).
 
 The first run dequantizes the GGUF and keeps the dense weights (safetensors, with the
 tokenizer) in the user cache directory, keyed by the file's hash and the dtype, so later runs
@@ -420,12 +423,22 @@ def parse_args(argv=None):
                    help="compile the static-cache decode step even on devices transformers does not auto-compile for (CPU)")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend; None means inductor")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode; None means reduce-overhead")
+    p.add_argument("--graphs", action="store_true",
+                   help="static cache, decode step compiled with backend='neuron', mode='reduce-overhead': "
+                        "replayed as one neuron graph per token (neuron devices only)")
     p.add_argument("--chat", action="store_true", help="interactive chat session (streams each answer)")
     p.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize the GGUF every run instead of loading the cached dense weights")
     args = p.parse_args(argv)
-    if args.no_compile and (args.force_compile or args.compile):
-        p.error("--no-compile excludes --compile and --force-compile")
+    if args.no_compile and (args.force_compile or args.compile or args.graphs):
+        p.error("--no-compile excludes --compile, --force-compile and --graphs")
+    if args.graphs:
+        if device_type(args.device) != "neuron":
+            p.error("--graphs replays neuron graphs: it needs --device neuron[:N]")
+        if args.cache != "static" or (args.compile_backend or "neuron") != "neuron" or \
+                (args.compile_mode or "reduce-overhead") != "reduce-overhead":
+            p.error("--graphs means --cache static --compile-backend neuron --compile-mode reduce-overhead")
+        args.compile, args.compile_backend, args.compile_mode = True, "neuron", "reduce-overhead"
     args.no_compile = not (args.compile or args.force_compile)
     if args.chat and args.compare_cpu:
         p.error("--chat and --compare-cpu are mutually exclusive")
@@ -453,6 +466,8 @@ def warm_up(model, inputs, gen_kwargs) -> float:
                               device=input_ids.device)
 
     start = time.perf_counter()
+    # With --graphs this also runs the compiled step's warm-up call: the answer's
+    # first decode step captures the graph.
     with progress("compiling the decode step (cached for later runs)"):
         run_generate(model, inputs, {**gen_kwargs, "stopping_criteria": StoppingCriteriaList([AfterTwoTokens()])})
     return time.perf_counter() - start
@@ -505,7 +520,8 @@ def main(argv=None) -> int:
     if args.chat:
         return chat(model, tokenizer, gen_kwargs)
     print(f"[generate] device={model.device} cache={args.cache} "
-          f"decode={'compiled' if compiled else 'eager'} prompt_tokens={inputs['input_ids'].shape[1]}",
+          f"decode={'graphs' if args.graphs else 'compiled' if compiled else 'eager'} "
+          f"prompt_tokens={inputs['input_ids'].shape[1]}",
           file=sys.stderr)
     print(f"User: {args.prompt}\nAssistant: ", end="", flush=True)
     ids, stats = run_generate(model, inputs, gen_kwargs, tokenizer, echo=True)

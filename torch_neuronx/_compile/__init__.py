@@ -59,6 +59,10 @@ LEVERS = (
           "pytorch/pytorch#179901 (fixed in 2.14)", "probe bare_init:bare_init_needs_fix"),
     Lever("dynamo backend 'neuron'", "dynamo:neuron_backend", "by torch._dynamo.backends.registry.lookup_backend",
           "torch_dynamo_backends entry point (pyproject.toml)", "torch.compile(backend='neuron')", "", _INTENDED),
+    Lever("reduce-overhead replays neuron graphs", "graphs:NeuronGraphPolicy",
+          "by the neuron backend for mode='reduce-overhead'",
+          "config.cudagraph_policy (patched into the backend's compile_fx call)",
+          "Inductor's CUDA-graph trees are CUDA-only", "", _INTENDED),
     Lever("Inductor device backend", "device:register_backend", "inductor",
           "register_interface_for_device (dynamo.py), register_device_op_overrides, register_backend_for_device; "
           "CppPythonBindingsCodeCache subclassed (kernels.py)", "C++ kernels over device memory, queued", "",

@@ -124,7 +124,7 @@ def get_dynamo_metrics() -> dict:
 
 _MODES = {
     "default": {},
-    # CUDA graphs do not apply to host-runtime kernels; reduce-overhead compiles like default.
+    # Neuron graphs through Inductor's CUDA-graph policy hook (graphs.py); filled in by _mode_patches.
     "reduce-overhead": {},
     "max-autotune": {"max_autotune": True},
     "max-autotune-no-cudagraphs": {"max_autotune": True},
@@ -142,7 +142,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         raise ValueError(f"unknown torch.compile mode {mode!r} for backend 'neuron'; expected one of {list(_MODES)}")
     options = dict(options or {})
     fallback_execution = options.pop("fallback_execution", not _env.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"))
-    config_patches = {**_MODES[mode], **_env_patches(), **options, "triton.cudagraphs": False}
+    config_patches = {**_MODES[mode], **_mode_patches(mode), **_env_patches(), **options, "triton.cudagraphs": False}
     try:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     except Exception as e:  # noqa: BLE001  (any compile failure: the graph runs eagerly, if asked)
@@ -151,6 +151,14 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         log.warning("torch.compile(backend='neuron') failed to compile a graph; running it eagerly "
                     "(fallback_execution): %s: %s", type(e).__name__, e)
         return gm.forward
+
+
+def _mode_patches(mode: str) -> dict:
+    if mode == "reduce-overhead":
+        from .graphs import NeuronGraphPolicy
+
+        return {"cudagraph_policy": NeuronGraphPolicy()}
+    return {}
 
 
 def _env_patches() -> dict:

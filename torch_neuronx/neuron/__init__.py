@@ -21,7 +21,9 @@ from .random import (  # noqa: F401
     seed, seed_all, set_rng_mode, set_rng_state, set_rng_state_all,
 )
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream  # noqa: F401
-from .graphs import NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
+from .graphs import (  # noqa: F401
+    NeuronGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables,
+)
 
 _initialized = False
 _init_lock = threading.Lock()
