@@ -1434,3 +1434,57 @@ def test_while_loop_max_iterations_checked(cap, mode, monkeypatch):
     x = torch.ones(4, 8).to("neuron")
     with pytest.raises(nki.NKIError, match="max_iterations"):
         _run(mode, _capped, x, 3.0, cap, monkeypatch=monkeypatch)
+
+
+def _transposed_operand_matmul(x, v):
+    """x [128, K] through nc_transpose into PSUM and tensor_copy to v's dtype,
+    as the stationary of a matmul with v [K, d]: the operand chain the
+    lowering folds when every copy keeps x's values."""
+    P, Kd = x.shape
+    out = nl.ndarray((P, v.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    xs = nl.ndarray((P, Kd), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xs, src=x)
+    vs = nl.ndarray(v.shape, dtype=v.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=vs, src=v)
+    tp = nl.ndarray((Kd, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=tp, data=xs)
+    ts = nl.ndarray((Kd, P), dtype=v.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=ts, src=tp)
+    o = nl.ndarray((P, v.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=o, stationary=ts, moving=vs)
+    y = nl.ndarray((P, v.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=y, src=o)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+@pytest.mark.parametrize("xdt, vdt, folds", [(torch.bfloat16, torch.bfloat16, True),
+                                             (torch.float32, torch.float32, True),
+                                             (torch.float32, torch.bfloat16, False)])
+def test_native_matmul_operand_folds(xdt, vdt, folds, monkeypatch):
+    # The transpose and copy feeding a matmul are dropped and the matmul reads
+    # x through the transposed view (nki/_native.py _fuse_matmul_operands)
+    # only when every tile of the chain holds x's values (not fp32 x rounded
+    # to bf16); the same bits as the records unfolded, and the matmul of the
+    # values the kernel's copies give.
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(128, 130, generator=g)[:, :128].contiguous().to(xdt)
+    v = torch.randn(128, 72, generator=g).to(vdt)
+    kernel = nki.jit(_transposed_operand_matmul)
+    ops = _native.plan(kernel.trace((x, v)), True).words.reshape(-1, _native.RECORD)[:, 0]
+    copies = int((ops == _native.OP_COPY).sum())
+    out = kernel(x, v)
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_fuse_matmul_operands", lambda low, bound, apart: None)
+        m.setattr(_native, "_fuse_copies", lambda low, bound, apart: None)
+        unfolded = nki.jit(_transposed_operand_matmul)
+        ops2 = _native.plan(unfolded.trace((x, v)), True).words.reshape(-1, _native.RECORD)[:, 0]
+        plain = unfolded(x, v)
+    # (x's loads are read in place; unfolded, the transpose and copy come first:
+    # fp32 x into a bf16 tile is one rounding copy, _fuse_copies)
+    assert (int(ops[0]) == _native.OP_MM) == folds and int(ops2[0]) == _native.OP_COPY, (ops.tolist(), ops2.tolist())
+    assert copies < int((ops2 == _native.OP_COPY).sum())
+    _same_bits(out, plain)
+    ref = x.to(vdt).float() @ v.float()  # stationary x^T: out[m, n] = sum_k x[m, k] v[k, n]
+    _close(out, ref, rtol=1e-5, atol=1e-5)
