@@ -774,6 +774,108 @@ def _fuse_activation(low, bound):
         k += 1
 
 
+_EXACT_IN_F32 = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fuse_copies(low, bound, apart):
+    """Folds a copy into an fp32 tile t followed by the copy of t that is t's
+    only other use (``nc_transpose`` into PSUM, then ``tensor_copy`` to SBUF)
+    into one copy from the first source to the last destination. The source
+    is a float type, which fp32 holds exactly, so converting it to fp32 and
+    then to the destination's dtype is the one conversion the fused copy
+    makes (every float copy goes through fp32): the same bits. The source and
+    the destination must not share memory (an arena slot the destination took
+    over when the source died at the first copy). An attention
+    head's transposes of its probabilities then write the bf16 tile the
+    matmul reads directly, with no fp32 tile in between."""
+    refs = {}
+    for outs, ins in low.access:
+        for sid in {v.storage.id for v in outs + ins}:
+            refs[sid] = refs.get(sid, 0) + 1
+    k = 0
+    while k + 1 < len(low.words):
+        a, b = low.words[k], low.words[k + 1]
+        if not (a[0] == OP_COPY and b[0] == OP_COPY and len(low.access[k][1]) == 1 and len(low.access[k + 1][1]) == 1):
+            k += 1
+            continue
+        (t,), (x,) = low.access[k]
+        (y,), (t2,) = low.access[k + 1]
+        sid = t.storage.id
+        if not (_same_view(t, t2) and _whole(t) and sid not in bound and refs[sid] == 2
+                and low.dtypes[sid] == torch.float32 and low.dtypes[x.storage.id] in _EXACT_IN_F32
+                and t.size == y.size and apart(y.storage.id, x.storage.id)):
+            k += 1
+            continue
+        fused = list(a)
+        fused[HEADER:HEADER + VIEW_WORDS] = b[HEADER:HEADER + VIEW_WORDS]
+        fused[13] = int(a[13] or b[13])  # (kWholeWord: a transpose runs whole)
+        low.words[k:k + 2] = [fused]
+        low.imms[k:k + 2] = [low.imms[k]]
+        low.access[k:k + 2] = [([y], [x])]
+        low.mixing[k:k + 2] = [low.mixing[k] or low.mixing[k + 1]]
+        k += 1
+
+
+def _fuse_matmul_operands(low, bound, apart):
+    """A chain of copies (up to three) whose tiles are each read only by the
+    next, the last by the matmul right after it as its stationary or moving
+    operand: the matmul reads the first copy's source instead, through its
+    view (a transposed view, say). Each copy is flat and keeps the shape, so
+    the operand's elements are the source view's; every tile of the chain
+    holds the source's values exactly (its dtype, or fp32 for a float
+    source), so the matmul sees the same values (it gathers its operands as
+    fp32 rows anyway). The source must not share memory with the matmul's
+    destination (an arena slot taken over when the source died). An attention
+    head's ``nc_transpose`` of its probabilities into PSUM and the copy back to
+    SBUF then cost no pass of their own: the matmul packs the transposed view
+    directly (Kernels.inc)."""
+    refs = {}
+    for outs, ins in low.access:
+        for sid in {v.storage.id for v in outs + ins}:
+            refs[sid] = refs.get(sid, 0) + 1
+    m = 1
+    while m < len(low.words):
+        if low.words[m][0] != OP_MM:
+            m += 1
+            continue
+        (d,), ops = low.access[m]
+        for i, op in enumerate(ops):
+            chain, cur, j = [], op, m - 1
+            while j >= 0 and len(chain) < 3 and low.words[j][0] == OP_COPY and len(low.access[j][1]) == 1:
+                (t,), (x,) = low.access[j]
+                sid = t.storage.id
+                if not (_same_view(t, cur) and _whole(t) and sid not in bound and refs[sid] == 2
+                        and tuple(t.shape) == tuple(x.shape) and sum(v.storage.id == sid for v in ops) == (cur is op)):
+                    break
+                chain.append((j, x))
+                cur, j = x, j - 1
+            for n in range(len(chain), 0, -1):
+                x = chain[n - 1][1]
+                xd = low.dtypes[x.storage.id]
+                tiles = [op] + [chain[q][1] for q in range(n - 1)]
+                if all(low.dtypes[v.storage.id] == xd or (low.dtypes[v.storage.id] == torch.float32
+                                                         and xd in _EXACT_IN_F32) for v in tiles) \
+                        and apart(x.storage.id, d.storage.id) and all(v.storage.id != x.storage.id for v in ops):
+                    break
+            else:
+                continue
+            first = m - n
+            fused = list(low.words[m])
+            at = HEADER + (1 + i) * VIEW_WORDS
+            src = low.words[first]
+            fused[at:at + VIEW_WORDS] = src[HEADER + VIEW_WORDS:HEADER + 2 * VIEW_WORDS]
+            fused[13] = 1  # (kWholeWord: a matmul runs whole)
+            ops = list(ops)
+            ops[i] = x
+            low.words[first:m + 1] = [fused]
+            low.imms[first:m + 1] = [low.imms[m]]
+            low.access[first:m + 1] = [([d], ops)]
+            low.mixing[first:m + 1] = [any(low.mixing[first:m + 1])]
+            m = first
+            break
+        m += 1
+
+
 def _link_loops(words):
     heads = []
     for r, w in enumerate(words):
@@ -849,6 +951,9 @@ class NativeProgram:
                 continue
             # Fresh buffers read before a whole write get the NaN sentinel.
             dst, srcs = _peek(ins)
+            if ins.ir[0] == "matmul" and ins.ir[1]["accumulate"] is None and dst.storage.id not in filled:
+                # The first write to a fresh PSUM tile overwrites it (_lower_matmul): no read.
+                srcs = [s for s in srcs if s is not dst]
             for t in ins.tensors:
                 sid = t.storage.id
                 if sid in bound or sid in filled or sid in subst:
@@ -899,6 +1004,16 @@ class NativeProgram:
             for lst in (low.words, low.imms, low.access, low.mixing):
                 lst[:] = lst[-fills:] + lst[:-fills]
         _fuse_activation(low, bound)
+        def apart(a, b):  # storages a and b never share memory in this launch
+            if a in bound or b in bound:
+                return not (a in bound and b in bound)
+            if a not in self.offsets or b not in self.offsets:
+                return False
+            sa, sb = (self.offsets[x] for x in (a, b))
+            na, nb = (program.storages[x].numel * low.dtypes[x].itemsize for x in (a, b))
+            return sa + na <= sb or sb + nb <= sa
+        _fuse_copies(low, bound, apart)
+        _fuse_matmul_operands(low, bound, apart)
         _link_loops(low.words)
         _schedule(low)
         # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a

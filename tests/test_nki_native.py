@@ -705,13 +705,14 @@ def test_native_exp_builds_agree():
         assert got[isa] == got["generic"], (isa, got)
 
 
-def _gate_kernel(fn, op1, reuse=False):
+def _gate_kernel(fn, op1, reuse=False, scale=1.5, in_place=False):
     """A fresh jit kernel (its own trace and plan) of SwiGLU's form:
     activation(s, fn, g) into an fp32 tile, then (s * 1.5) op1 u rounded to
-    g's dtype; ``reuse`` reads s again afterwards (nothing to fuse then)."""
+    g's dtype; ``reuse`` reads s again afterwards (nothing to fuse then);
+    ``in_place`` writes the result over ``gate`` and returns it."""
     def gate(gate, up):
         rows, F = gate.shape
-        out = nl.ndarray((rows, F), dtype=gate.dtype, buffer=nl.shared_hbm)
+        out = gate if in_place else nl.ndarray((rows, F), dtype=gate.dtype, buffer=nl.shared_hbm)
         for i in nl.affine_range((rows + 127) // 128):
             p = min(128, rows - i * 128)
             g = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
@@ -721,7 +722,7 @@ def _gate_kernel(fn, op1, reuse=False):
             s = nl.ndarray((p, F), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=s, op=getattr(nl, fn), data=g)
             y = nl.ndarray((p, F), dtype=gate.dtype, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=y, data=s, op0=nl.multiply, operand0=1.5, op1=op1, operand1=u)
+            nisa.scalar_tensor_tensor(dst=y, data=s, op0=nl.multiply, operand0=scale, op1=op1, operand1=u)
             if reuse:
                 nisa.tensor_tensor(dst=y, data1=y, data2=s, op=nl.add)
             nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y)
@@ -768,6 +769,30 @@ def test_native_fused_activation_multiply(dtype, rows, cols, monkeypatch):
             fin = ref.isfinite() & out.isfinite()
             tol = 5e-6 if dtype == torch.float32 else 8e-3 if dtype == torch.bfloat16 else 1e-3
             _close(out[fin].float(), ref[fin].float(), rtol=tol, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_native_gate_loop_scale_one_and_in_place(in_place, monkeypatch):
+    # SwiGLU's bf16 gate loop runs in one pass when its destination overlaps
+    # neither input and skips `* s` for s = 1 (Kernels.inc gate_mul): the bits
+    # of the two records, with the chunks outside the short exp form's range,
+    # and written over the gate itself (the two-pass loop then).
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g, u = _gate_inputs(256, 1100, torch.bfloat16)
+    for scale in (1.0, 1.5):
+        fused = _gate_kernel("silu", nl.multiply, scale=scale, in_place=in_place)
+        ga = g.clone()
+        out = fused(ga, u)
+        with monkeypatch.context() as m:
+            m.setattr(_native, "_fuse_activation", lambda low, bound: None)
+            gb = g.clone()
+            two = _gate_kernel("silu", nl.multiply, scale=scale, in_place=in_place)(gb, u)
+        _same_bits(out, two)
+        if in_place:
+            _same_bits(ga, out)
+        ref = (torch.nn.functional.silu(g.float()) * scale) * u.float()
+        fin = ref.isfinite() & out.float().isfinite()
+        _close(out.float()[fin], ref.to(torch.bfloat16).float()[fin], rtol=8e-3, atol=1e-4)
 
 
 def test_native_fusion_needs_a_dead_tile(monkeypatch):
@@ -1434,3 +1459,57 @@ def test_while_loop_max_iterations_checked(cap, mode, monkeypatch):
     x = torch.ones(4, 8).to("neuron")
     with pytest.raises(nki.NKIError, match="max_iterations"):
         _run(mode, _capped, x, 3.0, cap, monkeypatch=monkeypatch)
+
+
+def _transposed_operand_matmul(x, v):
+    """x [128, K] through nc_transpose into PSUM and tensor_copy to v's dtype,
+    as the stationary of a matmul with v [K, d]: the operand chain the
+    lowering folds when every copy keeps x's values."""
+    P, Kd = x.shape
+    out = nl.ndarray((P, v.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    xs = nl.ndarray((P, Kd), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xs, src=x)
+    vs = nl.ndarray(v.shape, dtype=v.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=vs, src=v)
+    tp = nl.ndarray((Kd, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=tp, data=xs)
+    ts = nl.ndarray((Kd, P), dtype=v.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=ts, src=tp)
+    o = nl.ndarray((P, v.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=o, stationary=ts, moving=vs)
+    y = nl.ndarray((P, v.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=y, src=o)
+    nisa.dma_copy(dst=out, src=y)
+    return out
+
+
+@pytest.mark.parametrize("xdt, vdt, folds", [(torch.bfloat16, torch.bfloat16, True),
+                                             (torch.float32, torch.float32, True),
+                                             (torch.float32, torch.bfloat16, False)])
+def test_native_matmul_operand_folds(xdt, vdt, folds, monkeypatch):
+    # The transpose and copy feeding a matmul are dropped and the matmul reads
+    # x through the transposed view (nki/_native.py _fuse_matmul_operands)
+    # only when every tile of the chain holds x's values (not fp32 x rounded
+    # to bf16); the same bits as the records unfolded, and the matmul of the
+    # values the kernel's copies give.
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(128, 130, generator=g)[:, :128].contiguous().to(xdt)
+    v = torch.randn(128, 72, generator=g).to(vdt)
+    kernel = nki.jit(_transposed_operand_matmul)
+    ops = _native.plan(kernel.trace((x, v)), True).words.reshape(-1, _native.RECORD)[:, 0]
+    copies = int((ops == _native.OP_COPY).sum())
+    out = kernel(x, v)
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_fuse_matmul_operands", lambda low, bound, apart: None)
+        m.setattr(_native, "_fuse_copies", lambda low, bound, apart: None)
+        unfolded = nki.jit(_transposed_operand_matmul)
+        ops2 = _native.plan(unfolded.trace((x, v)), True).words.reshape(-1, _native.RECORD)[:, 0]
+        plain = unfolded(x, v)
+    # (x's loads are read in place; unfolded, the transpose and copy come first:
+    # fp32 x into a bf16 tile is one rounding copy, _fuse_copies)
+    assert (int(ops[0]) == _native.OP_MM) == folds and int(ops2[0]) == _native.OP_COPY, (ops.tolist(), ops2.tolist())
+    assert copies < int((ops2 == _native.OP_COPY).sum())
+    _same_bits(out, plain)
+    ref = x.to(vdt).float() @ v.float()  # stationary x^T: out[m, n] = sum_k x[m, k] v[k, n]
+    _close(out, ref, rtol=1e-5, atol=1e-5)

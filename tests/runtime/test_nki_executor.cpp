@@ -267,6 +267,44 @@ TEST(NkiExecutor, MatmulOverwritesThenAccumulates) {
   EXPECT_THROW(nk::Program(t.words, t.imms, bufs, 0, "mm"), neuronrt::Error);
 }
 
+// bf16 operands: the AVX-512 build multiplies full 4 x 64 blocks with
+// VDPBF16PS where the CPU has it (Kernels.inc matmul_bf16_dot); every build
+// must give the k-ordered multiply-adds' bits. Blocks and tails, an odd K,
+// a transposed stationary view (k contiguous), accumulation into the fp32
+// destination, and values small enough that partial sums could be denormal
+// (the instruction would flush them: those run the fused multiply-adds).
+TEST(NkiExecutor, Bf16MatmulKeepsTheKOrder) {
+  const bool fused = std::string(nk::kernel_isa()) != "generic";
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool transposed = variant == 1, tiny = variant == 2;
+    const int64_t K = variant == 3 ? 67 : 66, M = 9, N = 130;
+    Table t;
+    // Stationary [K, M]: row-major, or the transpose of an [M, K] buffer.
+    ViewSpec st = transposed ? ViewSpec{0, 0, {K, M}, {1, K}} : rows(0, K, M);
+    int64_t* w = t.add({nk::OP_MM, 0, 0, 0}, {rows(2, M, N), st, rows(1, K, N)});
+    w[nk::kWholeWord] = 1;
+    w = t.add({nk::OP_MM, 0, 0, 1}, {rows(2, M, N), st, rows(1, K, N)});
+    w[nk::kWholeWord] = 1;
+    std::vector<nk::Buffer> bufs = {{nk::BF16, K * M, -1}, {nk::BF16, K * N, -1}, {nk::F32, M * N, -1}};
+    nk::Program prog(t.words, t.imms, bufs, 0, "mm_bf16");
+    std::vector<uint16_t> a(K * M), b(K * N);
+    const float scale = tiny ? 1e-19f : 1.0f;
+    for (int64_t i = 0; i < K * M; ++i) a[i] = to_bf16(scale * (float((i * 37) % 23) / 7.0f - 1.5f));
+    for (int64_t i = 0; i < K * N; ++i) b[i] = to_bf16(scale * (float((i * 53) % 29) / 5.0f - 2.75f));
+    std::vector<float> out(M * N, 0.0f);
+    nk::execute(prog, {a.data(), b.data(), out.data()}, 1);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+          const float x = from_bf16(a[transposed ? m * K + k : k * M + m]), y = from_bf16(b[k * N + n]);
+          acc = fused ? std::fma(x, y, acc) : acc + x * y;
+        }
+        ASSERT_EQ(out[m * N + n], acc + acc) << variant << ": " << m << "," << n;
+      }
+  }
+}
+
 TEST(NkiExecutor, TranscendentalActivation) {
   // exp(x * 0.5 - 1) per element within 1 ulp of the rounded exact value (the
   // executor's vectorised exp); inf, -inf, NaN, overflow and underflow as libm.
