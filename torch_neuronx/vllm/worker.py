@@ -20,7 +20,8 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from . import exit
 from .model_runner import NeuronModelRunner
 
-logger = init_logger(__name__)
+# Under "vllm." so that vLLM's logging configuration shows it.
+logger = init_logger("vllm.torch_neuronx.worker")
 
 
 def largest_allocation(budget: int) -> int:
@@ -64,6 +65,7 @@ class NeuronWorker(CPUWorker):
         (--kv-cache-memory-bytes or VLLM_NEURON_KVCACHE_SPACE), else
         --gpu-memory-utilization of the HBM budget less what is allocated (weights)."""
         torch.neuron.synchronize(self.device)
+        torch.neuron.empty_cache()  # blocks freed while loading count as in use otherwise
         free, total = torch.neuron.mem_get_info(self.device)
         used = torch.neuron.memory_reserved(self.device)
         explicit = self.cache_config.kv_cache_memory_bytes
@@ -82,6 +84,6 @@ class NeuronWorker(CPUWorker):
                     f"No HBM left for the KV cache on {self.device}: {format_gib(used)} GiB in use of "
                     f"{utilization:.2f} x {format_gib(total)} GiB. Raise --gpu-memory-utilization or "
                     "NEURON_RT_HBM_BYTES.")
-        logger.info("KV cache on %s: %s GiB (HBM budget %s GiB, %s GiB in use by weights).", self.device,
+        logger.info("KV cache on %s: %s GiB (HBM budget %s GiB, %s GiB held by the weights and buffers).", self.device,
                     format_gib(size), format_gib(total), format_gib(used))
         return size

