@@ -242,3 +242,95 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     ours = [n for n in left if n == f"neuron-rt.{pid}" or n.startswith(f"torch_neuronx_{pid}_")
             or n.startswith("psm_")]
     assert ours == [], ours
+
+
+def _post(port, path, body, stream=False):
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            payload = response.read().decode()
+            return response.status, payload if stream else json.loads(payload)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_vllm_serve_answers_completions_chat_and_streams(smollm2, tmp_path):
+    """`vllm serve` (our console script) on neuron: the OpenAI routes, streaming, and a 400 for a
+    prompt longer than the model length with the server staying up."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from conftest import _child_env
+
+    path, tokenizer, model = smollm2
+    vllm_command = shutil.which("vllm", path=str(Path(sys.executable).parent)) or shutil.which("vllm")
+    assert vllm_command, "the vllm console script is not installed"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        [vllm_command, "serve", str(path), "--served-model-name", "smollm2", "--dtype", "float32",
+         "--max-model-len", "256", "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+        env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None}))
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(1)
+
+        prompt = "The capital of France is"
+        ids = tokenizer(prompt)["input_ids"]
+        with torch.no_grad():
+            ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                                     pad_token_id=tokenizer.eos_token_id)[0, len(ids):]
+        ref = tokenizer.decode(ref_ids, skip_special_tokens=True)
+        status, body = _post(port, "/v1/completions",
+                             {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        assert status == 200 and body["choices"][0]["text"] == ref, body
+
+        status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": prompt, "max_tokens": 8,
+                                                       "temperature": 0, "stream": True}, stream=True)
+        chunks = [json.loads(line[len("data: "):]) for line in body.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert status == 200 and len(chunks) >= 2 and body.rstrip().endswith("data: [DONE]")
+        assert "".join(c["choices"][0]["text"] for c in chunks) == ref
+
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            chat_ref = model.generate(torch.tensor([chat_ids]), max_new_tokens=16, do_sample=False,
+                                      pad_token_id=tokenizer.eos_token_id)[0, len(chat_ids):]
+        status, body = _post(port, "/v1/chat/completions",
+                             {"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0})
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == tokenizer.decode(chat_ref, skip_special_tokens=True)
+
+        status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": "hello " * 400, "max_tokens": 4})
+        assert status == 400, body
+        status, body = _post(port, "/v1/completions",
+                             {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        assert status == 200 and body["choices"][0]["text"] == ref
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
