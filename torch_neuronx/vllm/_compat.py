@@ -24,3 +24,15 @@ def no_cuda_streams() -> contextlib.AbstractContextManager:
             "torch-neuronx's vLLM plugin needs vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper "
             f"(vLLM {VLLM_VERSION}); this vLLM does not have it.")
     return wrapper()
+
+
+# vLLM 0.32's vllm/v1/worker/cpu/shm.py, imported first by its CPU worker module (which
+# ours subclasses), replaces process-wide torch functions with CPU stand-ins: among them
+# torch.accelerator.synchronize/empty_cache (no-ops) and get_memory_info (host memory).
+# In an engine process the accelerator is our device: these go back to its own.
+def restore_accelerator_functions() -> None:
+    import torch
+
+    torch.accelerator.synchronize = lambda device=None: torch.neuron.synchronize(device)
+    torch.accelerator.empty_cache = torch.neuron.empty_cache
+    torch.accelerator.get_memory_info = lambda device=None: torch.neuron.mem_get_info(device)

@@ -17,8 +17,10 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 
-from . import exit
+from . import _compat, exit
 from .model_runner import NeuronModelRunner
+
+_compat.restore_accelerator_functions()
 
 # Under "vllm." so that vLLM's logging configuration shows it.
 logger = init_logger("vllm.torch_neuronx.worker")
