@@ -124,6 +124,21 @@ def test_batched_requests_equal_single_ones(engine):
     assert all(together)
 
 
+def test_seeded_sampling_is_reproducible(engine):
+    """Per-request seeds (device generators on neuron): the same seed, the same text, also for
+    two requests in one batch; another seed, another text."""
+    from vllm import SamplingParams
+
+    def sample(seed):
+        params = SamplingParams(temperature=1.0, top_p=0.95, seed=seed, max_tokens=16)
+        return [o.outputs[0].text for o in engine.generate(["Once upon a time"] * 2, params, use_tqdm=False)]
+
+    first = sample(123)
+    assert first == sample(123)
+    assert first[0] == first[1]
+    assert sample(7) != first
+
+
 def test_weights_and_kv_cache_live_in_device_memory(engine, smollm2):
     runner = _runner(engine)
     params = list(runner.model.parameters())
