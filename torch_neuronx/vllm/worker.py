@@ -17,7 +17,7 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 
-from . import _compat, exit
+from . import _compat, fast_exit
 from .model_runner import NeuronModelRunner
 
 _compat.restore_accelerator_functions()
@@ -45,7 +45,7 @@ class NeuronWorker(CPUWorker):
         Worker.__init__(self, vllm_config, local_rank, rank, distributed_init_method,
                         is_driver_worker=is_driver_worker)
         self.parallel_config.disable_custom_all_reduce = True
-        exit.install()
+        fast_exit.install()
 
     def init_device(self):
         # One NeuronCore per rank: local rank i drives neuron:i.
