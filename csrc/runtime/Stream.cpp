@@ -175,6 +175,7 @@ std::atomic<LaunchObserver> g_launch_observer{nullptr};
 }  // namespace
 
 bool in_kernel() noexcept { return tls_inline_depth > 0 || tls_executor_of != nullptr; }
+bool on_executor() noexcept { return tls_executor_of != nullptr && tls_inline_depth == 0; }
 
 namespace {
 std::atomic<CorrelationSource> g_correlation_source{nullptr};
@@ -329,15 +330,17 @@ void Stream::run(Kernel& kernel, uint64_t correlation) {
     Stream* s;
     const char* name;
     uint64_t correlation;
+    int64_t graph_kernels;
     uint64_t start = ticks();
     ~Report() {
       const uint64_t ns = elapsed_ns(start);
       registry_kernel(s->device_, ns);  // neuron-top's busy time
+      if (graph_kernels >= 0) registry_replay(s->device_);
       if (LaunchObserver observer = g_launch_observer.load(std::memory_order_relaxed)) {
-        observer({s->device_, s->id_, name, ns, correlation});
+        observer({s->device_, s->id_, name, ns, correlation, graph_kernels});
       }
     }
-  } report{this, kernel.name(), correlation};
+  } report{this, kernel.name(), correlation, kernel.graph_kernels()};
   DeviceAccess access;  // kernels may touch device memory (protect mode)
   kernel.run();
 }
