@@ -107,8 +107,8 @@ def test_replay_failure_names_the_op_and_the_device_stays_usable():
     g.replay()
     assert torch.equal(out.cpu(), torch.tensor([[1.0, 3, 5], [13, 15, 17]]))
     idx.copy_(torch.tensor([0, 99]))  # out of range: the kernel fails at replay
-    g.replay()
     with pytest.raises(RuntimeError, match=r"index_select.*a kernel of the graph"):
+        g.replay()  # raises here with blocking launches
         torch.neuron.synchronize()
     idx.copy_(torch.tensor([3, 1]))
     g.replay()

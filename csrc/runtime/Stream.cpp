@@ -367,7 +367,18 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
   if (in_bad_fork()) throw BadForkError();
   // A synchronous launch runs now: nothing a replay could repeat.
   if (is_capturing()) capture_violation(std::string(name) + " runs synchronously and cannot be captured");
-  // The caller runs `fn` itself, after the queued work. (Not after other
+  struct FnKernel final : Kernel {
+    const std::function<void()>& fn;
+    const char* label;
+    FnKernel(const std::function<void()>& f, const char* n) : fn(f), label(n) {}
+    const char* name() const noexcept override { return label; }
+    void run() override { fn(); }
+  } kernel(fn, name);
+  launch_kernel(kernel);
+}
+
+void Stream::launch_kernel(Kernel& kernel) {
+  // The caller runs the kernel itself, after the queued work. (Not after other
   // synchronous launches in progress: one of them may be this launch's caller.)
   if (completed() < last_queued_.load(std::memory_order_acquire)) stalls_.fetch_add(1, std::memory_order_relaxed);
   wait_queued();
@@ -387,13 +398,6 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
       }
     }
   } retire{this};
-  struct FnKernel final : Kernel {
-    const std::function<void()>& fn;
-    const char* label;
-    FnKernel(const std::function<void()>& f, const char* n) : fn(f), label(n) {}
-    const char* name() const noexcept override { return label; }
-    void run() override { fn(); }
-  } kernel(fn, name);
   InlineScope in_launch;
   run(kernel, launch_correlation());
 }
@@ -407,7 +411,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
     return;
   }
   if (launch_blocking() || tls_inline_depth > 0) {
-    launch([&] { kernel->run(); }, kernel->name());
+    launch_kernel(*kernel);
     return;
   }
   if (kernel->bytes() <= kInlineBytes && run_inline_if_idle(kernel)) return;

@@ -113,6 +113,9 @@ class Stream {
   struct Executor;
   Executor& executor() const;
   void run(Kernel& kernel, uint64_t correlation);
+  // launch() of `kernel` (observers see the kernel itself: its name, and a
+  // replay's kernel count).
+  void launch_kernel(Kernel& kernel);
   // Runs a small kernel on the caller if the stream is idle; false otherwise.
   bool run_inline_if_idle(std::unique_ptr<Kernel>& kernel);
 
