@@ -21,7 +21,9 @@ class GraphKernel final : public Kernel {
   size_t bytes() const noexcept override { return record_->bytes; }
   int64_t graph_kernels() const noexcept override { return static_cast<int64_t>(record_->kernels.size()); }
   void run() override {
-    // The record is not changed after capture_end: no lock needed.
+    // The record is not changed after capture_end; its kernels (which may
+    // keep state across runs) run in one replay at a time.
+    std::lock_guard<std::mutex> lock(record_->replay_mutex);
     for (const std::unique_ptr<Kernel>& k : record_->kernels) {
       try {
         k->run();

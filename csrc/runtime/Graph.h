@@ -49,6 +49,10 @@ struct CaptureRecord {
   // capture_end: a small graph's replay on an idle stream runs on the
   // caller, as a small kernel does (Stream.h).
   size_t bytes = SIZE_MAX;
+  // Held by a running replay: replays of one graph on several streams run
+  // one at a time (as CUDA orders launches of one graph), since they share
+  // the recorded kernels (and the static tensors).
+  std::mutex replay_mutex;
 };
 
 class Graph {

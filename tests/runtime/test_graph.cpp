@@ -325,3 +325,26 @@ TEST(Graph, ASmallReplayOnAnIdleStreamRunsOnTheCaller) {
   EXPECT_NE(unsized_ran, std::this_thread::get_id());  // the executor
   EXPECT_NE(unsized_ran, std::thread::id());
 }
+
+TEST(Graph, ReplaysOfOneGraphOnTwoStreamsRunOneAtATime) {
+  auto& a = neuronrt::pool_stream(0, 0);
+  auto& b = neuronrt::pool_stream(0, -1);
+  int inside = 0, overlaps = 0, runs = 0;  // plain ints: the replays must not overlap
+  neuronrt::Graph g;
+  g.capture_begin(a);
+  a.enqueue(std::make_unique<UnsizedKernel>([&] {
+    if (inside++ != 0) ++overlaps;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ++runs;
+    --inside;
+  }));
+  g.capture_end();
+  for (int i = 0; i < 50; ++i) {
+    g.replay(a);
+    g.replay(b);
+  }
+  a.synchronize();
+  b.synchronize();
+  EXPECT_EQ(overlaps, 0);
+  EXPECT_EQ(runs, 100);
+}
