@@ -23,6 +23,7 @@ class DeviceUse:
     reserved_bytes: int
     busy_ns: int
     launches: int
+    graph_replays: int = 0
 
 
 @dataclass
@@ -74,7 +75,7 @@ def parse(data: bytes) -> Process | None:
     for i in range(min(_field(data, 0, head, "device_count"), LAYOUT["max_devices"])):
         base = LAYOUT["devices_offset"] + i * LAYOUT["device_size"]
         proc.devices.append(DeviceUse(i, *(_field(data, base, dev, name) for name in (
-            "physical_core", "capacity", "allocated_bytes", "reserved_bytes", "busy_ns", "launches"))))
+            "physical_core", "capacity", "allocated_bytes", "reserved_bytes", "busy_ns", "launches", "graph_replays"))))
     return proc
 
 

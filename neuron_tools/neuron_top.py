@@ -40,7 +40,7 @@ class Sampler:
                 core_busy[d.physical_core] = core_busy.get(d.physical_core, 0) + delta
                 rows.append({"pid": p.pid, "core": d.physical_core, "device": f"neuron:{d.index}",
                              "busy_percent": pct(delta), "hbm_used": d.reserved_bytes,
-                             "launches": d.launches, "command": " ".join(p.command.split())})
+                             "launches": d.launches, "graph_replays": d.graph_replays, "command": " ".join(p.command.split())})
         for c in snap["cores"]:
             c["busy_percent"] = pct(core_busy.get(c["core"], 0))
         self.last = (now, busy)
@@ -55,10 +55,10 @@ def render(s: dict) -> list[str]:
         bar = "#" * int(c["busy_percent"] / 5)
         lines.append(f"{c['core']:>4}  {c['busy_percent']:>5.1f}%  [{bar:<20}] {fb(c['hbm_used']):>11} "
                      f"{fb(c['hbm_total']):>12}")
-    lines += ["", f"{'PID':>8}  {'CORE':>4}  {'BUSY':>6}  {'HBM USED':>12}  COMMAND"]
+    lines += ["", f"{'PID':>8}  {'CORE':>4}  {'BUSY':>6}  {'HBM USED':>12}  {'REPLAYS':>8}  COMMAND"]
     for r in s["processes"]:
         lines.append(f"{r['pid']:>8}  {r['core']:>4}  {r['busy_percent']:>5.1f}%  {fb(r['hbm_used']):>12}  "
-                     f"{r['command'][:50]}")
+                     f"{r['graph_replays']:>8}  {r['command'][:50]}")
     if not s["processes"]:
         lines.append("    (no process is using a NeuronCore)")
     return lines

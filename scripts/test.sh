@@ -12,9 +12,9 @@ bash scripts/check_wheel.sh
 # Protect mode: device memory only through the runtime API (docs/runtime.md).
 NEURON_RT_PROTECT=1 python3 -m pytest -q -p no:cacheprovider tests/test_protect.py tests/test_device.py \
   tests/test_errors.py tests/test_memory.py tests/test_autograd.py tests/test_compile.py tests/test_opinfo.py tests/test_nki.py \
-  tests/test_async.py tests/test_streams.py tests/test_graphs.py tests/distributed/test_collectives.py \
+  tests/test_async.py tests/test_streams.py tests/test_graphs.py tests/test_graphs_replay.py tests/distributed/test_collectives.py \
   tests/device_generic/test_direct_kernels.py tests/device_generic/test_gemv.py
 # Synchronous launches (NEURON_RT_LAUNCH_BLOCKING=1): the same semantics without the executors.
-NEURON_RT_LAUNCH_BLOCKING=1 python3 -m pytest -q -p no:cacheprovider tests/test_streams.py tests/test_graphs.py tests/test_errors.py \
+NEURON_RT_LAUNCH_BLOCKING=1 python3 -m pytest -q -p no:cacheprovider tests/test_streams.py tests/test_graphs.py tests/test_graphs_replay.py tests/test_errors.py \
   tests/test_memory.py tests/test_autograd.py tests/test_random.py tests/device_generic/test_gemv.py
 python3 -m pytest -q -p no:cacheprovider tests "$@"

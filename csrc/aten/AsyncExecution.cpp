@@ -32,6 +32,7 @@
 #include "Fidelity.h"
 #include "HostExecution.h"
 #include "NeuronFunctions.h"
+#include "ReplayKernels.h"
 #include "Routes.h"
 #include "csrc/runtime/Runtime.h"
 
@@ -151,18 +152,35 @@ struct CallerState {
     return keys;
   }
 
-  void apply() const {
+  void apply_threads() const {
     thread_local int current = -1;
     if (current != threads) {
       at::set_num_threads(threads);
       current = threads;
     }
+  }
+
+  // Whether the calling thread has this state already (the kernels of a
+  // graph replay, one after another on one thread, usually do).
+  bool is_current() const {
+    const c10::impl::LocalDispatchKeySet now = c10::impl::tls_local_dispatch_key_set();
+    const c10::AutogradState a = c10::AutogradState::get_tls_state();
+    return now.included_ == keys.included_ && now.excluded_ == keys.excluded_ &&
+           a.get_grad_mode() == autograd.get_grad_mode() && a.get_fw_grad_mode() == autograd.get_fw_grad_mode() &&
+           a.get_inference_mode() == autograd.get_inference_mode() &&
+           a.get_multithreading_enabled() == autograd.get_multithreading_enabled() &&
+           a.get_view_replay_enabled() == autograd.get_view_replay_enabled() &&
+           a.get_grad_layout_enforcement_enabled() == autograd.get_grad_layout_enforcement_enabled();
+  }
+
+  void apply() const {
     c10::impl::_force_tls_local_dispatch_key_set(keys);
     c10::AutogradState::set_tls_state(autograd);
   }
 };
 
-// A queued kernel: `body` run with the caller's state. What the body
+// A queued kernel: `body(replay)` run with the caller's state (`replay`:
+// the kernel was recorded in a graph and runs at each replay). What the body
 // captures (host aliases of the operands and outputs, made at launch) keeps
 // the device storages alive until it has run, with the sizes and strides of
 // launch time (later metadata changes of the caller's tensors, e.g. an
@@ -173,9 +191,22 @@ class QueuedKernel final : public neuronrt::Kernel {
   QueuedKernel(const char* name, size_t bytes, F body) : name_(name), bytes_(bytes), body_(std::move(body)) {}
   const char* name() const noexcept override { return name_; }
   size_t bytes() const noexcept override { return bytes_; }
+  void recorded() noexcept override { recorded_ = true; }
   // A c10::Error is reported at a later synchronization point, so it keeps
   // the message, not the executor thread's C++ backtrace.
   void run() override {
+    caller_.apply_threads();
+    // On an executor nothing needs the previous state back: the state stays,
+    // and the next kernel (a graph's, usually the same state) finds it set.
+    if (!caller_.is_current() && neuronrt::on_executor()) caller_.apply();
+    if (caller_.is_current()) {
+      try {
+        body_(recorded_);
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(e.what_without_backtrace());
+      }
+      return;
+    }
     // On the launching thread (an inline run, or a graph replayed with
     // blocking launches from Python), the thread's own state comes back after.
     struct Restore {
@@ -188,7 +219,7 @@ class QueuedKernel final : public neuronrt::Kernel {
     } restore;
     try {
       caller_.apply();
-      body_();
+      body_(recorded_);
     } catch (const c10::Error& e) {
       throw std::runtime_error(e.what_without_backtrace());
     }
@@ -199,6 +230,49 @@ class QueuedKernel final : public neuronrt::Kernel {
   size_t bytes_;
   CallerState caller_;
   F body_;
+  bool recorded_ = false;
+};
+
+// The kernel of a queued op: its CPU kernel called through the dispatcher
+// over the operands. Recorded in a graph, it prepares the op's kernel object
+// once (ReplayKernels.h) at its first replay, where the op has one, and runs
+// only that from then on.
+class OpCall {
+ public:
+  OpCall(const c10::OperatorHandle& op, Mode mode, Args args, Outs outputs)
+      : op_(op), mode_(mode), args_(std::move(args)), outputs_(std::move(outputs)) {}
+
+  void operator()(bool replay) {
+    if (replay) {
+      if (!prepared_tried_) {
+        prepared_tried_ = true;
+        if (mode_ == Mode::InPlace && !args_.empty() && args_[0].isTensor()) {
+          prepared_ = prepare_replay_call(op_, args_, args_[0].toTensor());
+        } else if (mode_ == Mode::Out && outputs_.size() == 1) {
+          prepared_ = prepare_replay_call(op_, args_, outputs_[0]);
+        }
+      }
+      if (prepared_) {
+        prepared_->run();
+        if (!prepared_->rerunnable()) prepared_.reset();
+        return;
+      }
+    }
+    torch::jit::Stack stack(args_);
+    if (mode_ == Mode::Out) stack.insert(stack.end(), outputs_.begin(), outputs_.end());
+    run_host_kernel(op_, &stack);
+    if (mode_ == Mode::Copy) {
+      for (size_t i = 0; i < outputs_.size(); ++i) outputs_[i].copy_(stack[i].toTensor());
+    }
+  }
+
+ private:
+  c10::OperatorHandle op_;
+  Mode mode_;
+  Args args_;
+  Outs outputs_;
+  std::unique_ptr<ReplayCall> prepared_;
+  bool prepared_tried_ = false;
 };
 
 template <class F>
@@ -209,7 +283,7 @@ void queue(neuronrt::Stream& stream, const char* name, size_t bytes, F body) {
 }  // namespace
 
 void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& stream, const char* name) {
-  queue(stream, name, src.nbytes() + dst.nbytes(), [src = host_alias(src), dst = host_alias(dst)] { dst.copy_(src); });
+  queue(stream, name, src.nbytes() + dst.nbytes(), [src = host_alias(src), dst = host_alias(dst)](bool) { dst.copy_(src); });
 }
 
 void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, std::function<void()> body) {
@@ -296,14 +370,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
     }
   }
   queue(neuronrt::current_stream(device), schema.name().c_str(), bytes,
-        [op = *it->second.run, mode = info.mode, args = std::move(args), outputs = std::move(host_outputs)] {
-          torch::jit::Stack stack(args);
-          if (mode == Mode::Out) stack.insert(stack.end(), outputs.begin(), outputs.end());
-          run_host_kernel(op, &stack);
-          if (mode == Mode::Copy) {
-            for (size_t i = 0; i < outputs.size(); ++i) outputs[i].copy_(stack[i].toTensor());
-          }
-        });
+        OpCall(*it->second.run, info.mode, std::move(args), std::move(host_outputs)));
 
   torch::jit::drop(*stack, num_args);
   if (info.mode == Mode::InPlace) {

@@ -40,6 +40,7 @@ struct KernelRecord {
   int64_t start_ns;
   int64_t end_ns;
   uint64_t correlation;
+  int64_t graph_kernels;
 };
 
 // Kineto pushes the correlation id of each CPU op on the thread that runs it;
@@ -78,7 +79,7 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (!g_active) return;
     g_active->records_.push_back({r.name, r.device, r.stream, end - static_cast<int64_t>(r.duration_ns), end,
-                                  r.correlation});
+                                  r.correlation, r.graph_kernels});
   }
 
   void pushCorrelationId(uint64_t id) override { tls_correlation.push_back(id); }
@@ -113,6 +114,8 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
       act.addMetadata("device", r.device);
       act.addMetadata("stream", r.stream);
       act.addMetadata("correlation", r.correlation);
+      // A graph replay is one launch: how many recorded kernels it ran.
+      if (r.graph_kernels >= 0) act.addMetadata("kernels", r.graph_kernels);
       act.log(logger);
     }
   }

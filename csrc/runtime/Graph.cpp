@@ -16,8 +16,14 @@ class GraphKernel final : public Kernel {
  public:
   explicit GraphKernel(std::shared_ptr<CaptureRecord> record) : record_(std::move(record)) {}
   const char* name() const noexcept override { return "Graph replay"; }
+  // The stream reports the replay as one launch carrying this count
+  // (profiler, neuron-top); the recorded kernels are not reported one by one.
+  size_t bytes() const noexcept override { return record_->bytes; }
+  int64_t graph_kernels() const noexcept override { return static_cast<int64_t>(record_->kernels.size()); }
   void run() override {
-    // The record is not changed after capture_end: no lock needed.
+    // The record is not changed after capture_end; its kernels (which may
+    // keep state across runs) run in one replay at a time.
+    std::lock_guard<std::mutex> lock(record_->replay_mutex);
     for (const std::unique_ptr<Kernel>& k : record_->kernels) {
       try {
         k->run();
@@ -87,6 +93,13 @@ void Graph::capture_end() {
     reset();
     throw CaptureError("the graph capture was invalidated and is discarded: " + error);
   }
+  size_t bytes = 0;
+  for (const std::unique_ptr<Kernel>& k : record_->kernels) {
+    k->recorded();
+    const size_t b = k->bytes();
+    bytes = b > SIZE_MAX - bytes ? SIZE_MAX : bytes + b;
+  }
+  record_->bytes = bytes;
   captured_ = true;
 }
 

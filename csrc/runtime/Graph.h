@@ -8,7 +8,9 @@
 // the host) raises CaptureError and invalidates the capture; capture_end()
 // then discards it and raises, and the stream is usable again.
 // replay(stream) is one launch: a kernel that runs the recorded kernels in
-// order, in stream order with other work. Every recorded kernel keeps the
+// order, in stream order with other work (like any small kernel, a replay
+// touching at most Stream::kInlineBytes runs on the caller when the stream
+// is idle). Every recorded kernel keeps the
 // tensors it uses alive, so the static inputs and outputs of a capture stay
 // valid while the graph lives.
 #pragma once
@@ -43,6 +45,14 @@ struct CaptureRecord {
   std::mutex mutex;
   std::vector<std::unique_ptr<Kernel>> kernels;
   std::string error;  // the first violation: the capture is invalid
+  // The bytes the recorded kernels touch (SIZE_MAX: unknown), set at
+  // capture_end: a small graph's replay on an idle stream runs on the
+  // caller, as a small kernel does (Stream.h).
+  size_t bytes = SIZE_MAX;
+  // Held by a running replay: replays of one graph on several streams run
+  // one at a time (as CUDA orders launches of one graph), since they share
+  // the recorded kernels (and the static tensors).
+  std::mutex replay_mutex;
 };
 
 class Graph {

@@ -99,4 +99,10 @@ void registry_kernel(int device, uint64_t ns) noexcept {
   r->devices[device].launches.fetch_add(1, std::memory_order_relaxed);
 }
 
+void registry_replay(int device) noexcept {
+  RegistryRecord* r = registry();
+  if (!r || device < 0 || device >= kRegistryMaxDevices) return;
+  r->devices[device].graph_replays.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace neuronrt

@@ -14,7 +14,7 @@ namespace neuronrt {
 
 constexpr int kRegistryMaxDevices = 128;
 
-// The file's layout, version 2. It is defined here only: the tools
+// The file's layout, version 3. It is defined here only: the tools
 // (neuron_tools/_registry.py) read the offsets below through
 // neuron_tools._rtinfo.registry_layout(), so a change here needs no mirror.
 struct RegistryDevice {
@@ -25,6 +25,7 @@ struct RegistryDevice {
   uint64_t capacity;                      // HBM budget
   int32_t physical_core;                  // index in NEURON_RT_VISIBLE_CORES
   int32_t reserved_;
+  std::atomic<uint64_t> graph_replays;    // replays of device graphs (each also one launch)
 };
 
 struct RegistryRecord {
@@ -43,7 +44,7 @@ struct RegistryRecord {
   RegistryDevice devices[kRegistryMaxDevices];
 };
 
-constexpr uint32_t kRegistryVersion = 2;
+constexpr uint32_t kRegistryVersion = 3;
 constexpr char kRegistryMagic[8] = "NRTREG1";
 constexpr const char* kRegistryPathPrefix = "/dev/shm/neuron-rt.";
 
@@ -54,5 +55,6 @@ RegistryRecord* registry();
 // Accounting hooks.
 void registry_memory(int device, uint64_t allocated, uint64_t reserved) noexcept;
 void registry_kernel(int device, uint64_t ns) noexcept;
+void registry_replay(int device) noexcept;
 
 }  // namespace neuronrt

@@ -97,6 +97,12 @@ class Kernel {
   // small kernel on the launching thread when it has nothing queued (handing
   // it to the executor would cost more than running it); unknown: never.
   virtual size_t bytes() const noexcept { return SIZE_MAX; }
+  // Called once when a graph has recorded the kernel (Graph.h): it will run
+  // at every replay, so it may prepare a cheaper re-runnable form of itself
+  // (at its first run, where device memory is accessible).
+  virtual void recorded() noexcept {}
+  // A graph replay: the number of recorded kernels it runs (-1: not a replay).
+  virtual int64_t graph_kernels() const noexcept { return -1; }
 };
 
 // Launches. Synchronous: Stream::launch(fn, name) runs `fn` in order on the

@@ -175,6 +175,7 @@ std::atomic<LaunchObserver> g_launch_observer{nullptr};
 }  // namespace
 
 bool in_kernel() noexcept { return tls_inline_depth > 0 || tls_executor_of != nullptr; }
+bool on_executor() noexcept { return tls_executor_of != nullptr && tls_inline_depth == 0; }
 
 namespace {
 std::atomic<CorrelationSource> g_correlation_source{nullptr};
@@ -329,15 +330,17 @@ void Stream::run(Kernel& kernel, uint64_t correlation) {
     Stream* s;
     const char* name;
     uint64_t correlation;
+    int64_t graph_kernels;
     uint64_t start = ticks();
     ~Report() {
       const uint64_t ns = elapsed_ns(start);
       registry_kernel(s->device_, ns);  // neuron-top's busy time
+      if (graph_kernels >= 0) registry_replay(s->device_);
       if (LaunchObserver observer = g_launch_observer.load(std::memory_order_relaxed)) {
-        observer({s->device_, s->id_, name, ns, correlation});
+        observer({s->device_, s->id_, name, ns, correlation, graph_kernels});
       }
     }
-  } report{this, kernel.name(), correlation};
+  } report{this, kernel.name(), correlation, kernel.graph_kernels()};
   DeviceAccess access;  // kernels may touch device memory (protect mode)
   kernel.run();
 }
@@ -364,7 +367,18 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
   if (in_bad_fork()) throw BadForkError();
   // A synchronous launch runs now: nothing a replay could repeat.
   if (is_capturing()) capture_violation(std::string(name) + " runs synchronously and cannot be captured");
-  // The caller runs `fn` itself, after the queued work. (Not after other
+  struct FnKernel final : Kernel {
+    const std::function<void()>& fn;
+    const char* label;
+    FnKernel(const std::function<void()>& f, const char* n) : fn(f), label(n) {}
+    const char* name() const noexcept override { return label; }
+    void run() override { fn(); }
+  } kernel(fn, name);
+  launch_kernel(kernel);
+}
+
+void Stream::launch_kernel(Kernel& kernel) {
+  // The caller runs the kernel itself, after the queued work. (Not after other
   // synchronous launches in progress: one of them may be this launch's caller.)
   if (completed() < last_queued_.load(std::memory_order_acquire)) stalls_.fetch_add(1, std::memory_order_relaxed);
   wait_queued();
@@ -384,13 +398,6 @@ void Stream::launch(const std::function<void()>& fn, const char* name) {
       }
     }
   } retire{this};
-  struct FnKernel final : Kernel {
-    const std::function<void()>& fn;
-    const char* label;
-    FnKernel(const std::function<void()>& f, const char* n) : fn(f), label(n) {}
-    const char* name() const noexcept override { return label; }
-    void run() override { fn(); }
-  } kernel(fn, name);
   InlineScope in_launch;
   run(kernel, launch_correlation());
 }
@@ -404,7 +411,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
     return;
   }
   if (launch_blocking() || tls_inline_depth > 0) {
-    launch([&] { kernel->run(); }, kernel->name());
+    launch_kernel(*kernel);
     return;
   }
   if (kernel->bytes() <= kInlineBytes && run_inline_if_idle(kernel)) return;

@@ -44,6 +44,10 @@ const std::string& launch_blocking_error() noexcept;
 // small kernel run inline, or a stream's executor): device memory is
 // accessible to it, and work it issues runs inline, as part of that kernel.
 bool in_kernel() noexcept;
+// Whether the calling thread is a stream's executor running a queued kernel
+// (not a synchronous launch inside one): thread state a kernel sets there
+// need not be restored for anyone.
+bool on_executor() noexcept;
 
 class Stream {
  public:
@@ -109,6 +113,9 @@ class Stream {
   struct Executor;
   Executor& executor() const;
   void run(Kernel& kernel, uint64_t correlation);
+  // launch() of `kernel` (observers see the kernel itself: its name, and a
+  // replay's kernel count).
+  void launch_kernel(Kernel& kernel);
   // Runs a small kernel on the caller if the stream is idle; false otherwise.
   bool run_inline_if_idle(std::unique_ptr<Kernel>& kernel);
 
@@ -131,6 +138,7 @@ struct LaunchRecord {
   const char* name;
   uint64_t duration_ns;
   uint64_t correlation;  // the correlation source's value at launch time
+  int64_t graph_kernels;  // a graph replay: the recorded kernels it ran (else -1)
 };
 // Installs (or, with nullptr, removes) the launch observer.
 using LaunchObserver = void (*)(const LaunchRecord&);

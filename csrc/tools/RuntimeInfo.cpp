@@ -45,7 +45,7 @@ PyObject* registry_layout(PyObject*, PyObject*) {
   return Py_BuildValue(
       "{s:y#,s:I,s:s,s:n,s:n,s:n,s:i,"
       "s:{s:(nn),s:(nn),s:(nn),s:(nn),s:(nn),s:(nn),s:(nn),s:(nn)},"
-      "s:{s:(nn),s:(nn),s:(nn),s:(nn),s:(nn),s:(nn)}}",
+      "s:{s:(nn),s:(nn),s:(nn),s:(nn),s:(nn),s:(nn),s:(nn)}}",
       "magic", neuronrt::kRegistryMagic, static_cast<Py_ssize_t>(sizeof neuronrt::kRegistryMagic), "version",
       neuronrt::kRegistryVersion, "path_prefix", neuronrt::kRegistryPathPrefix, "record_size",
       static_cast<Py_ssize_t>(sizeof(RegistryRecord)), "devices_offset",
@@ -56,7 +56,7 @@ PyObject* registry_layout(PyObject*, PyObject*) {
       NRT_FIELD(RegistryRecord, command), NRT_FIELD(RegistryRecord, target), NRT_FIELD(RegistryRecord, device_name),
       "device", NRT_FIELD(RegistryDevice, allocated_bytes), NRT_FIELD(RegistryDevice, reserved_bytes),
       NRT_FIELD(RegistryDevice, busy_ns), NRT_FIELD(RegistryDevice, launches), NRT_FIELD(RegistryDevice, capacity),
-      NRT_FIELD(RegistryDevice, physical_core));
+      NRT_FIELD(RegistryDevice, physical_core), NRT_FIELD(RegistryDevice, graph_replays));
 #undef NRT_FIELD
 }
 

@@ -227,3 +227,124 @@ TEST(Graph, BlocksInUseWhenThePoolEndsReturnToTheDeviceCache) {
   EXPECT_EQ(b, a);
   alloc.free(b);
 }
+
+namespace {
+// Counts recorded() notifications (Graph::capture_end) and runs.
+class RecordedKernel final : public neuronrt::Kernel {
+ public:
+  RecordedKernel(std::atomic<int>* notified, std::atomic<int>* ran) : notified_(notified), ran_(ran) {}
+  const char* name() const noexcept override { return "recorded"; }
+  void recorded() noexcept override { notified_->fetch_add(1); }
+  void run() override { ran_->fetch_add(1); }
+
+ private:
+  std::atomic<int>* notified_;
+  std::atomic<int>* ran_;
+};
+
+std::vector<neuronrt::LaunchRecord> g_launches;
+void observe(const neuronrt::LaunchRecord& r) { g_launches.push_back(r); }
+}  // namespace
+
+TEST(Graph, CaptureEndTellsEachKernelItWasRecorded) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::atomic<int> notified{0}, ran{0};
+  neuronrt::Graph g;
+  g.capture_begin(s);
+  s.enqueue(std::make_unique<RecordedKernel>(&notified, &ran));
+  s.enqueue(std::make_unique<RecordedKernel>(&notified, &ran));
+  EXPECT_EQ(notified.load(), 0);  // not before the capture is complete
+  g.capture_end();
+  EXPECT_EQ(notified.load(), 2);  // once each
+  g.replay(s);
+  g.replay(s);
+  s.synchronize();
+  EXPECT_EQ(notified.load(), 2);
+  EXPECT_EQ(ran.load(), 4);
+  // An eager kernel is never told.
+  s.enqueue(std::make_unique<RecordedKernel>(&notified, &ran));
+  s.synchronize();
+  EXPECT_EQ(notified.load(), 2);
+  EXPECT_EQ(ran.load(), 5);
+}
+
+TEST(Graph, AReplayIsOneLaunchCarryingItsKernelCount) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  neuronrt::Graph g;
+  g.capture_begin(s);
+  for (int i = 0; i < 5; ++i) s.enqueue(kernel("k", [] {}));
+  g.capture_end();
+  neuronrt::Graph empty;
+  empty.capture_begin(s);
+  empty.capture_end();
+  s.synchronize();
+  g_launches.clear();
+  neuronrt::set_launch_observer(&observe);
+  g.replay(s);
+  empty.replay(s);
+  s.enqueue(kernel("plain", [] {}));
+  s.synchronize();
+  neuronrt::set_launch_observer(nullptr);
+  ASSERT_EQ(g_launches.size(), 3u);
+  EXPECT_STREQ(g_launches[0].name, "Graph replay");
+  EXPECT_EQ(g_launches[0].graph_kernels, 5);
+  EXPECT_EQ(g_launches[1].graph_kernels, 0);  // an empty graph's replay is still a replay
+  EXPECT_STREQ(g_launches[2].name, "plain");
+  EXPECT_EQ(g_launches[2].graph_kernels, -1);
+}
+
+namespace {
+// A kernel of unknown size (Kernel::bytes() default): never run inline.
+class UnsizedKernel final : public neuronrt::Kernel {
+ public:
+  explicit UnsizedKernel(std::function<void()> fn) : fn_(std::move(fn)) {}
+  const char* name() const noexcept override { return "unsized"; }
+  void run() override { fn_(); }
+
+ private:
+  std::function<void()> fn_;
+};
+}  // namespace
+
+TEST(Graph, ASmallReplayOnAnIdleStreamRunsOnTheCaller) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::thread::id small_ran, unsized_ran;
+  neuronrt::Graph small, unsized;
+  small.capture_begin(s);
+  s.enqueue(kernel("small", [&] { small_ran = std::this_thread::get_id(); }));
+  small.capture_end();
+  unsized.capture_begin(s);
+  s.enqueue(kernel("small", [] {}));
+  s.enqueue(std::make_unique<UnsizedKernel>([&] { unsized_ran = std::this_thread::get_id(); }));
+  unsized.capture_end();
+  s.synchronize();
+  small.replay(s);  // idle stream, 0 bytes: before replay() returns, on this thread
+  EXPECT_EQ(small_ran, std::this_thread::get_id());
+  unsized.replay(s);
+  s.synchronize();
+  EXPECT_NE(unsized_ran, std::this_thread::get_id());  // the executor
+  EXPECT_NE(unsized_ran, std::thread::id());
+}
+
+TEST(Graph, ReplaysOfOneGraphOnTwoStreamsRunOneAtATime) {
+  auto& a = neuronrt::pool_stream(0, 0);
+  auto& b = neuronrt::pool_stream(0, -1);
+  int inside = 0, overlaps = 0, runs = 0;  // plain ints: the replays must not overlap
+  neuronrt::Graph g;
+  g.capture_begin(a);
+  a.enqueue(std::make_unique<UnsizedKernel>([&] {
+    if (inside++ != 0) ++overlaps;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ++runs;
+    --inside;
+  }));
+  g.capture_end();
+  for (int i = 0; i < 50; ++i) {
+    g.replay(a);
+    g.replay(b);
+  }
+  a.synchronize();
+  b.synchronize();
+  EXPECT_EQ(overlaps, 0);
+  EXPECT_EQ(runs, 100);
+}
