@@ -287,7 +287,7 @@ void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& 
 }
 
 void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, std::function<void()> body) {
-  queue(stream, name, bytes, std::move(body));
+  queue(stream, name, bytes, [body = std::move(body)](bool) { body(); });
 }
 
 bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
