@@ -14,8 +14,9 @@
 // table (Routes.cpp). Other ops, random ops, and ops with CPU tensor operands
 // other than scalars run synchronously (host_execute), after the work queued
 // before them. While the stream is capturing a graph, queued routes are taken
-// always (small ops too) and the kernels are recorded; a synchronous op then
-// raises (docs/graphs.md).
+// always (small ops too) and the kernels are recorded; other ops are
+// described by their Meta kernels and recorded too (CaptureExecution.cpp,
+// docs/graphs.md).
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
