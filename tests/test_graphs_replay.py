@@ -1,6 +1,8 @@
 """Graph replays: the prepared kernels a replay runs (csrc/aten/ReplayKernels.h)
 give the eager results bit for bit, follow changed inputs, survive many replays,
 report failures by op name, show in the profiler as one event, and allocate nothing."""
+import gc
+
 import pytest
 import torch
 
@@ -12,6 +14,13 @@ def _capture(fn, *args):
     with torch.neuron.graph(g):
         out = fn(*args)
     return g, out
+
+
+def _settle():
+    """Frees earlier tests' cyclic garbage (tensors held by tracebacks) now: a
+    collection during the checked window would move the memory baseline."""
+    gc.collect()
+    torch.neuron.synchronize()
 
 
 def _eager(fn, *cpu_args):
@@ -121,7 +130,7 @@ def test_hundred_replays_allocate_nothing():
     fn = lambda t, w: torch.nn.functional.gelu(t @ w) * 0.5 + torch.sigmoid(t)  # noqa: E731
     g, out = _capture(fn, x, w)
     g.replay()
-    torch.neuron.synchronize()
+    _settle()
     before = torch.neuron.memory_stats()
     for _ in range(100):
         g.replay()
@@ -135,7 +144,7 @@ def test_hundred_replays_allocate_nothing():
 
 def test_reset_and_delete_return_the_pool_to_the_cache():
     x = torch.randn(64, 64, device="neuron")
-    torch.neuron.synchronize()
+    _settle()
     torch.neuron.empty_cache()
     base = torch.neuron.memory_stats()
     g, out = _capture(lambda t: torch.tanh(t * 2) + t, x)
