@@ -220,13 +220,16 @@ def test_is_current_stream_capturing():
     assert not torch.neuron.is_current_stream_capturing()
 
 
+# Recorded on another stream before any capture (fork/join rules: test_graphs_join.py).
+_EVENT_BEFORE_CAPTURE = torch.neuron.Stream().record_event()
+
 _VIOLATIONS = {
     "item": lambda x: x.sum().item(),
     "cpu": lambda x: x.cpu(),
     "synchronize": lambda x: torch.neuron.synchronize(),
     "stream_synchronize": lambda x: torch.neuron.current_stream().synchronize(),
     "event_synchronize": lambda x: torch.neuron.current_stream().record_event().synchronize(),
-    "join_another_stream": lambda x: torch.neuron.Stream().wait_stream(torch.neuron.current_stream()),
+    "wait_event_from_before": lambda x: torch.neuron.current_stream().wait_event(_EVENT_BEFORE_CAPTURE),
     "nonzero": lambda x: torch.nonzero(x),
     "boolean_mask": lambda x: x[x > 0],
     "rng": lambda x: torch.rand(4, device="neuron"),
@@ -244,8 +247,8 @@ def test_capture_rule_errors_leave_the_device_usable(what):
             _VIOLATIONS[what](y)
     if what in ("rng", "dropout"):
         assert 'random ops can be captured in the "philox" rng mode only' in str(info.value)
-    if what == "join_another_stream":
-        assert "not supported yet" in str(info.value)
+    if what == "wait_event_from_before":
+        assert "recorded outside the capture" in str(info.value)
     assert not torch.neuron.is_current_stream_capturing()
     with pytest.raises(RuntimeError, match="holds no capture"):
         g.replay()

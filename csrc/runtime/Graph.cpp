@@ -39,6 +39,12 @@ class GraphKernel final : public Kernel {
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> g_next_capture_id{1};
+}  // namespace
+
+CaptureRecord::CaptureRecord() : id(g_next_capture_id.fetch_add(1)) {}
+
 MempoolId graph_pool_handle() { return {0, g_next_pool_id.fetch_add(1)}; }
 
 Graph::~Graph() { reset(); }
@@ -78,8 +84,21 @@ void Graph::capture_begin(Stream& stream, MempoolId pool) {
 void Graph::end(bool* valid, std::string* error) {
   stream_->end_capture();
   CachingAllocator::instance().end_allocate_to_pool(device_, thread_);
-  stream_ = nullptr;
   std::lock_guard<std::mutex> lock(record_->mutex);
+  // Joined streams leave the capture with it; one whose last work the
+  // capturing stream is not ordered after is unjoined (CUDA's
+  // cudaErrorStreamCaptureUnjoined): replays would not order it.
+  CaptureClock& origin = record_->clocks[stream_];
+  for (Stream* s : record_->joined) {
+    s->end_capture();
+    if (record_->error.empty() && origin[s] < record_->clocks[s][s]) {
+      record_->error = "neuron:" + std::to_string(s->device()) + " stream " + std::to_string(s->id()) +
+                       " joined the capture of stream " + std::to_string(stream_->id()) +
+                       " and was not joined back (capture unjoined): make the capturing stream wait for its last "
+                       "work (capturing_stream.wait_stream(side_stream)) before capture_end()";
+    }
+  }
+  stream_ = nullptr;
   *error = record_->error;
   *valid = error->empty();
 }

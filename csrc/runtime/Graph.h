@@ -1,7 +1,8 @@
 // Device graphs: stream capture and replay (CUDA graphs' model).
 //
 // Graph::capture_begin(stream) puts `stream` in capture mode: kernels
-// enqueued on it are recorded into the graph instead of running, and the
+// enqueued on it (and on streams that join it through events: fork/join,
+// see CaptureRecord) are recorded into the graph instead of running, and the
 // calling thread's allocations on the stream's device come from the graph's
 // private memory pool (CachingAllocator.h). Work that would run or wait now
 // (a synchronous launch, a stream, event or device synchronize, a copy to
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,10 +42,30 @@ class CaptureError : public Error {
   using Error::Error;
 };
 
+// Fork/join capture (as CUDA's): a stream that waits for an event recorded
+// in the capture joins it (Event::block) and records into the same list;
+// every joined stream must be joined back (the capturing stream waits for
+// its last work) before capture_end. The kernels of all the streams are kept
+// in one list in issue order, which replays run in order: a wait is issued
+// after the work it waits for, so issue order honours every recorded
+// dependency (the branches do not overlap in a replay).
+class Stream;
+using CaptureClock = std::map<const Stream*, uint64_t>;
+
 // What a capturing stream records (the Graph owns it; replays share it).
 struct CaptureRecord {
+  CaptureRecord();
+  const uint64_t id;  // unique per capture: events recorded in it name it
   std::mutex mutex;
   std::vector<std::unique_ptr<Kernel>> kernels;
+  // Streams that joined the capture (not the capturing stream itself).
+  std::vector<Stream*> joined;
+  // Per stream in the capture, how much of each stream's capture it is
+  // ordered after (a vector clock): clocks[s][s] counts s's own recorded
+  // kernels (plus one for a joined stream's join), clocks[s][t] the part of
+  // t's that s waited for. capture_end checks that the capturing stream is
+  // ordered after every joined stream's last work.
+  std::map<const Stream*, CaptureClock> clocks;
   std::string error;  // the first violation: the capture is invalid
   // The bytes the recorded kernels touch (SIZE_MAX: unknown), set at
   // capture_end: a small graph's replay on an idle stream runs on the

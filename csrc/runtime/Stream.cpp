@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -408,6 +409,7 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   if (CaptureRecord* r = capture_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(r->mutex);
     r->kernels.push_back(std::move(kernel));
+    ++r->clocks[this][this];  // fork/join bookkeeping (Graph.h)
     return;
   }
   if (launch_blocking() || tls_inline_depth > 0) {
@@ -560,7 +562,13 @@ std::vector<Stream*> all_streams(int device) {
 
 void Event::record(const Stream& stream) {
   stream_ = &stream;
-  captured_ = stream.is_capturing();
+  capture_id_ = 0;
+  clock_.clear();
+  if (CaptureRecord* r = stream.capture()) {
+    std::lock_guard<std::mutex> lock(r->mutex);
+    capture_id_ = r->id;
+    clock_ = r->clocks[&stream];
+  }
   seq_ = stream.issued();
   if (!timing_) return;
   time_ns_ = std::make_shared<std::atomic<int64_t>>(-1);
@@ -586,20 +594,51 @@ void Event::synchronize() const {
   stream_->check_error();
 }
 
+namespace {
+std::string stream_name(const Stream& s) {
+  return "neuron:" + std::to_string(s.device()) + " stream " + std::to_string(s.id());
+}
+}  // namespace
+
 void Event::block(const Stream& stream) const {
+  if (!stream_) return;
+  Stream& target = const_cast<Stream&>(stream);
+  CaptureRecord* const into = stream.capture();
+  if (capture_id_ != 0) {
+    // Recorded in a capture: `stream` joins it (fork), or, already in it,
+    // is ordered after the recording point (join). The capture records no
+    // wait: replays keep issue order (Graph.h).
+    CaptureRecord* const r = stream_->capture();
+    if (!r || r->id != capture_id_) {
+      const std::string what = "the event was recorded during a graph capture that has ended: it cannot be waited for outside that capture";
+      if (into) stream.capture_violation(what);
+      throw CaptureError(stream_name(stream) + ": " + what);
+    }
+    if (into && into != r) {
+      stream.capture_violation("the event was recorded in another graph's capture: captures cannot wait for each other");
+    }
+    if (!into) {
+      target.begin_capture(r);  // refuses a stream that began capturing meanwhile
+      std::lock_guard<std::mutex> lock(r->mutex);
+      r->joined.push_back(&target);
+      r->clocks[&stream][&stream] = 1;  // the join itself must be joined back
+    }
+    std::lock_guard<std::mutex> lock(r->mutex);
+    CaptureClock& clock = r->clocks[&stream];
+    for (const auto& [s, n] : clock_) clock[s] = std::max(clock[s], n);
+    return;
+  }
+  if (into) {
+    // As CUDA's capture isolation: work outside the capture would not be
+    // waited for by a replay.
+    stream.capture_violation(
+        "waiting for an event recorded outside the capture (before it began, or on a stream not in it) cannot be "
+        "captured: wait for it before capture_begin(), or record the event inside the capture");
+  }
   // Work queued on `stream` after this call must not start before the
   // recorded position of the event's stream is reached.
-  if (!stream_ || stream_ == &stream) return;
-  // A capture records one stream's kernels: joining streams to it (or making
-  // it wait for work outside it) is not supported yet.
-  if (captured_ && stream_->is_capturing()) {
-    stream_->capture_violation("making another stream wait for an event recorded in the capture is not supported yet");
-  }
-  if (stream.is_capturing() && !query()) {
-    stream.capture_violation("waiting for an event of another stream that has not completed is not supported yet");
-  }
-  if (query()) return;
-  const_cast<Stream&>(stream).enqueue(std::make_unique<StreamWait>(*stream_, seq_));
+  if (stream_ == &stream || query()) return;
+  target.enqueue(std::make_unique<StreamWait>(*stream_, seq_));
 }
 
 double Event::elapsed_ms(const Event& end) const {

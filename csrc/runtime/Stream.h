@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,6 +106,8 @@ class Stream {
   bool is_capturing() const { return capture_.load(std::memory_order_acquire) != nullptr; }
   void begin_capture(CaptureRecord* record);
   void end_capture() { capture_.store(nullptr, std::memory_order_release); }
+  // The capture this stream records into (nullptr when not capturing).
+  CaptureRecord* capture() const { return capture_.load(std::memory_order_acquire); }
   // Invalidates the capture in progress and throws CaptureError saying that
   // `what` cannot happen while the stream is capturing.
   [[noreturn]] void capture_violation(const std::string& what) const;
@@ -170,6 +173,10 @@ class Event {
   bool query() const;
   void synchronize() const;
   // Makes `stream` wait for this event (a no-op once the event completed).
+  // An event recorded in a capture joins `stream` to that capture (fork/join
+  // capture, Graph.h); waiting for it after the capture ended, or for an
+  // event recorded outside a capture while `stream` captures, raises
+  // CaptureError.
   void block(const Stream& stream) const;
   // Milliseconds between this event and `end`; both need enable_timing.
   double elapsed_ms(const Event& end) const;
@@ -177,7 +184,10 @@ class Event {
 
  private:
   bool timing_;
-  bool captured_ = false;  // recorded on a stream that was capturing
+  // Recorded on a capturing stream: the capture's id (0: not) and the
+  // recording stream's clock then (Graph.h), which a join merges.
+  uint64_t capture_id_ = 0;
+  std::map<const Stream*, uint64_t> clock_;
   const Stream* stream_ = nullptr;
   uint64_t seq_ = 0;
   // Set when the stream reaches the record point (timing events only).

@@ -348,3 +348,145 @@ TEST(Graph, ReplaysOfOneGraphOnTwoStreamsRunOneAtATime) {
   EXPECT_EQ(overlaps, 0);
   EXPECT_EQ(runs, 100);
 }
+
+// Fork/join capture (Graph.h): a side stream that waits for an event of the
+// capture records into it; replays run both streams' kernels in issue order.
+TEST(Graph, ForkJoinCaptureRecordsBothStreamsInIssueOrder) {
+  auto& s0 = neuronrt::pool_stream(0, 0);
+  auto& s1 = neuronrt::pool_stream(0, 0);
+  ASSERT_NE(&s0, &s1);
+  std::vector<int> order;
+  neuronrt::Graph g;
+  g.capture_begin(s0);
+  s0.enqueue(kernel("a", [&] { order.push_back(1); }));
+  neuronrt::Event fork;
+  fork.record(s0);
+  fork.block(s1);
+  EXPECT_TRUE(s1.is_capturing());
+  s1.enqueue(kernel("b", [&] { order.push_back(2); }));
+  s0.enqueue(kernel("c", [&] { order.push_back(3); }));
+  neuronrt::Event join;
+  join.record(s1);
+  join.block(s0);
+  s0.enqueue(kernel("d", [&] { order.push_back(4); }));
+  EXPECT_TRUE(order.empty());
+  g.capture_end();
+  EXPECT_FALSE(s0.is_capturing());
+  EXPECT_FALSE(s1.is_capturing());
+  EXPECT_EQ(g.kernel_names(), (std::vector<std::string>{"a", "b", "c", "d"}));
+  g.replay(s0);
+  g.replay(s0);
+  s0.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4, 1, 2, 3, 4}));
+  // Both streams work normally afterwards.
+  int ran = 0;
+  s1.enqueue(kernel("after", [&] { ran = 1; }));
+  s1.synchronize();
+  EXPECT_EQ(ran, 1);
+}
+
+TEST(Graph, AJoinThroughAnotherJoinedStreamCounts) {
+  auto& s0 = neuronrt::pool_stream(0, 0);
+  auto& s1 = neuronrt::pool_stream(0, 0);
+  auto& s2 = neuronrt::pool_stream(0, 0);
+  neuronrt::Graph g;
+  g.capture_begin(s0);
+  neuronrt::Event e0, e2, e1;
+  e0.record(s0);
+  e0.block(s1);
+  e0.block(s2);
+  s2.enqueue(kernel("s2", [] {}));
+  e2.record(s2);
+  e2.block(s1);  // s1 is ordered after s2's work
+  s1.enqueue(kernel("s1", [] {}));
+  e1.record(s1);
+  e1.block(s0);  // so s0 joins both back
+  g.capture_end();
+  EXPECT_TRUE(g.captured());
+}
+
+TEST(Graph, UnjoinedStreamsDiscardTheCaptureAndStayUsable) {
+  auto& s0 = neuronrt::pool_stream(0, 0);
+  auto& s1 = neuronrt::pool_stream(0, 0);
+  for (bool work_after_join : {false, true}) {
+    SCOPED_TRACE(work_after_join);
+    neuronrt::Graph g;
+    g.capture_begin(s0);
+    neuronrt::Event fork, join;
+    fork.record(s0);
+    fork.block(s1);
+    s1.enqueue(kernel("side", [] {}));
+    if (work_after_join) {  // joined back, then more work: that part is unjoined
+      join.record(s1);
+      join.block(s0);
+      s1.enqueue(kernel("late", [] {}));
+    }
+    try {
+      g.capture_end();
+      ADD_FAILURE() << "capture_end accepted an unjoined stream";
+    } catch (const neuronrt::CaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find("unjoined"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(g.captured());
+    EXPECT_FALSE(s0.is_capturing());
+    EXPECT_FALSE(s1.is_capturing());
+    int ran = 0;
+    s1.enqueue(kernel("after", [&] { ran = 1; }));
+    s1.synchronize();
+    EXPECT_EQ(ran, 1);
+  }
+}
+
+TEST(Graph, EventsDoNotCrossTheCaptureBoundary) {
+  auto& s0 = neuronrt::pool_stream(0, 0);
+  auto& s1 = neuronrt::pool_stream(0, 0);
+  // An event recorded before the capture, waited for in it.
+  {
+    neuronrt::Event before;
+    before.record(s1);
+    neuronrt::Graph g;
+    g.capture_begin(s0);
+    try {
+      before.block(s0);
+      ADD_FAILURE() << "no error";
+    } catch (const neuronrt::CaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find("recorded outside the capture"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(g.capture_end(), neuronrt::CaptureError);
+    EXPECT_FALSE(s0.is_capturing());
+  }
+  // An event recorded in a capture, waited for after it ended.
+  {
+    neuronrt::Graph g;
+    neuronrt::Event inside;
+    g.capture_begin(s0);
+    inside.record(s0);
+    g.capture_end();
+    try {
+      inside.block(s1);
+      ADD_FAILURE() << "no error";
+    } catch (const neuronrt::CaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find("capture that has ended"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(s1.is_capturing());
+  }
+  // An event of one capture waited for by a stream in another capture.
+  {
+    neuronrt::Graph g0;
+    neuronrt::Event e;
+    g0.capture_begin(s0);
+    e.record(s0);
+    std::thread([&] {  // one capture per thread (its allocations go to the pool)
+      neuronrt::Graph g1;
+      g1.capture_begin(s1);
+      EXPECT_THROW(e.block(s1), neuronrt::CaptureError);
+      EXPECT_THROW(g1.capture_end(), neuronrt::CaptureError);  // invalidated
+    }).join();
+    g0.capture_end();
+    EXPECT_TRUE(g0.captured());
+  }
+  int ran = 0;
+  s0.enqueue(kernel("after", [&] { ran = 1; }));
+  s0.synchronize();
+  EXPECT_EQ(ran, 1);
+}
