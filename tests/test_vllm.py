@@ -475,3 +475,67 @@ def test_vllm_serve_cancelled_stream_frees_its_kv_blocks(server):
     status, body = _post(port, "/v1/completions",
                          {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
     assert status == 200 and body["choices"][0]["text"].startswith(" Paris"), body
+
+
+TENSOR_PARALLEL = r"""
+import json, sys
+from vllm import LLM, SamplingParams, TokensPrompt
+
+def placement(worker):
+    import torch
+    from vllm.distributed import get_tp_group
+    group = get_tp_group()
+    weights = {p.device for p in worker.model_runner.model.parameters()}
+    return {"rank": group.rank_in_group, "backend": torch.distributed.get_backend(group.device_group),
+            "devices": sorted(str(d) for d in weights)}
+
+def main():
+    llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, seed=0,
+              tensor_parallel_size=2, kv_cache_memory_bytes=64 << 20)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(sys.argv[2])]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    ranks = llm.collective_rpc(placement)
+    llm.llm_engine.engine_core.shutdown()
+    print(json.dumps({"ids": [list(o.outputs[0].token_ids) for o in outs], "ranks": ranks}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
+    """`tensor_parallel_size=2`: rank i on neuron:i, its collectives on our c10d backend, greedy
+    tokens equal to Transformers' on CPU. SmolLM2-135M has 9 attention heads (not divisible by
+    2): a small random Llama with its tokenizer instead."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path, tokenizer, _ = smollm2
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.2, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    tiny = tmp_path / "tiny-llama"
+    model.save_pretrained(tiny)
+    for f in path.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, tiny / f.name)
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    script = tmp_path / "tp2.py"
+    script.write_text(TENSOR_PARALLEL)
+    proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(tiny)!r}, {json.dumps(prompt_ids)!r}]; "
+                      f"runpy.run_path({str(script)!r}, run_name='__main__')",
+                      env={"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})  # collective_rpc of a function
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
+    for r in result["ranks"]:
+        assert r["backend"] == "neuron" and r["devices"] == [f"neuron:{r['rank']}"], result["ranks"]
+    for ids, got in zip(prompt_ids, result["ids"]):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+        assert got == ref
