@@ -514,8 +514,11 @@ def main():
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(sys.argv[2])]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     ranks = llm.collective_rpc(placement)
+    engine = llm.llm_engine.engine_core.resources.engine_manager.processes[0]
     llm.llm_engine.engine_core.shutdown()
-    print(json.dumps({"ids": [list(o.outputs[0].token_ids) for o in outs], "ranks": ranks}))
+    engine.join(30)
+    print(json.dumps({"ids": [list(o.outputs[0].token_ids) for o in outs], "ranks": ranks,
+                      "engine_exitcode": engine.exitcode}))
 
 if __name__ == "__main__":
     main()
@@ -524,8 +527,8 @@ if __name__ == "__main__":
 
 def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
     """`tensor_parallel_size=2`: rank i on neuron:i, its collectives on our c10d backend, greedy
-    tokens equal to Transformers' on CPU. SmolLM2-135M has 9 attention heads (not divisible by
-    2): a small random Llama with its tokenizer instead."""
+    tokens equal to Transformers' on CPU, the engine core's prompt exit. SmolLM2-135M has 9
+    attention heads (not divisible by 2): a small random Llama with its tokenizer instead."""
     import shutil
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -558,3 +561,5 @@ def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
             ref = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
                                  pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
         assert got == ref
+    # The engine core (no worker of ours in it) exited by itself at SIGTERM, not killed 5 s later.
+    assert result["engine_exitcode"] == 0, result["engine_exitcode"]
