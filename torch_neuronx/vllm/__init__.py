@@ -33,4 +33,11 @@ def register() -> str | None:
 
         warnings.warn(f"torch-neuronx vLLM platform disabled: {exc}", stacklevel=1)
         return None
-    return PLATFORM if available else None
+    if not available:
+        return None
+    # In every process vLLM starts (the engine core included, which runs no worker of
+    # ours under tensor parallel): the prompt exit at shutdown (fast_exit.py).
+    from . import fast_exit
+
+    fast_exit.install()
+    return PLATFORM

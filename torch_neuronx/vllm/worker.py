@@ -1,8 +1,9 @@
 """``NeuronWorker``: vLLM's CPU worker placed on a neuron device.
 
-The CPU worker is the closest: no CUDA graphs, no sleep mode, gloo for
-collectives. Ours binds one NeuronCore instead of a NUMA node and sizes the KV
-cache from that core's HBM budget instead of host memory.
+The CPU worker is the closest: no CUDA graphs, no sleep mode. Ours binds one
+NeuronCore instead of a NUMA node (rank i on neuron:i, collectives on the
+platform's "neuron" c10d backend) and sizes the KV cache from that core's HBM
+budget instead of host memory.
 """
 
 from __future__ import annotations
