@@ -34,4 +34,6 @@ for pkg in $SKIP; do
     exit 1
   fi
 done
-python3 -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('vLLM installed:', vllm.__version__)"
+# Without autoloading torch-neuronx: install.sh builds it after vLLM, and a checkout's
+# unbuilt torch_neuronx/ (the current directory) must not be what `import torch` loads.
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('vLLM installed:', vllm.__version__)"
