@@ -6,6 +6,7 @@ the module's tests; one test starts vLLM's usual spawned engine core in a fresh
 interpreter.
 """
 
+import importlib
 import importlib.util
 import json
 import os
@@ -63,6 +64,9 @@ def engine(smollm2):
     """An LLM whose engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), for inspection."""
     import vllm
 
+    # An engine must start in a process that has loaded llvmlite (numba) before: vLLM's
+    # kernel-override scan fails on its objects (torch_neuronx/vllm/_compat.py).
+    importlib.import_module("llvmlite.binding")
     path, _, _ = smollm2
     saved_env = dict(os.environ)  # vLLM and our platform set variables for their processes
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -10,6 +10,7 @@ it, and fail with a clear message when a vLLM version no longer has it.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 # The vLLM release the plugin is written against (scripts/install.sh installs it).
 VLLM_VERSION = "0.32.0"
@@ -36,3 +37,20 @@ def restore_accelerator_functions() -> None:
     torch.accelerator.synchronize = lambda device=None: torch.neuron.synchronize(device)
     torch.accelerator.empty_cache = torch.neuron.empty_cache
     torch.accelerator.get_memory_info = lambda device=None: torch.neuron.mem_get_info(device)
+
+
+# vLLM 0.32's triton_utils.dispatcher rebinds its kernel overrides by scanning every
+# loaded module and calling vars(value).get(...) on each attribute; llvmlite's ctypes
+# wrappers (loaded with numba, e.g. by an earlier import in the same process) have a
+# __dict__ that is not a dict, and the scan raises AttributeError. llvmlite's modules
+# never hold vLLM kernels: they are left out of the scan (engine start is one thread).
+@contextlib.contextmanager
+def llvmlite_hidden():
+    hidden = {name: module for name, module in sys.modules.items()
+              if name == "llvmlite" or name.startswith("llvmlite.")}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)

@@ -84,6 +84,13 @@ class NeuronPlatform(CpuPlatform):
         kernels.register()
 
     @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        from . import _compat
+
+        with _compat.llvmlite_hidden():
+            super().register_triton_kernel_overrides()
+
+    @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         # Our own version of the CPU platform's settings that apply to this device
         # (its own method asserts the device type is "cpu" and tunes host threads,
