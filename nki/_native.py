@@ -737,6 +737,15 @@ def _fill_sentinel(low, st):
     low.emit(OP_FILL, [NkiTensor(st, shape, _check=False)], imms=(_dtypes.sentinel(st.dtype),))
 
 
+def _storage_refs(low):
+    """How many records touch each storage (a record reading and writing it counts once)."""
+    refs = {}
+    for outs, ins in low.access:
+        for sid in {v.storage.id for v in outs + ins}:
+            refs[sid] = refs.get(sid, 0) + 1
+    return refs
+
+
 def _fuse_activation(low, bound):
     """Folds ``activation(s, fn, g)`` into the ``scalar_tensor_tensor`` right
     after it that reads s as its data, when nothing else touches s: one record
@@ -745,10 +754,7 @@ def _fuse_activation(low, bound):
     fp32 values the activation would have stored: the same bits. SwiGLU's silu
     and multiply become one pass over memory (csrc/runtime/nki/Kernels.inc
     stt_act_run)."""
-    refs = {}
-    for outs, ins in low.access:
-        for sid in {v.storage.id for v in outs + ins}:
-            refs[sid] = refs.get(sid, 0) + 1
+    refs = _storage_refs(low)
     k = 0
     while k + 1 < len(low.words):
         a, b = low.words[k], low.words[k + 1]
@@ -788,10 +794,7 @@ def _fuse_copies(low, bound, apart):
     over when the source died at the first copy). An attention
     head's transposes of its probabilities then write the bf16 tile the
     matmul reads directly, with no fp32 tile in between."""
-    refs = {}
-    for outs, ins in low.access:
-        for sid in {v.storage.id for v in outs + ins}:
-            refs[sid] = refs.get(sid, 0) + 1
+    refs = _storage_refs(low)
     k = 0
     while k + 1 < len(low.words):
         a, b = low.words[k], low.words[k + 1]
@@ -829,10 +832,7 @@ def _fuse_matmul_operands(low, bound, apart):
     head's ``nc_transpose`` of its probabilities into PSUM and the copy back to
     SBUF then cost no pass of their own: the matmul packs the transposed view
     directly (Kernels.inc)."""
-    refs = {}
-    for outs, ins in low.access:
-        for sid in {v.storage.id for v in outs + ins}:
-            refs[sid] = refs.get(sid, 0) + 1
+    refs = _storage_refs(low)
     m = 1
     while m < len(low.words):
         if low.words[m][0] != OP_MM:
