@@ -114,16 +114,6 @@ size_t tensor_bytes(c10::ArrayRef<c10::IValue> values) {
   return bytes;
 }
 
-// `v` with each of its tensors t (a tensor or a tensor list) replaced by fn(t).
-template <class F>
-c10::IValue map_tensors(const c10::IValue& v, F&& fn) {
-  if (v.isTensor()) return fn(v.toTensor());
-  if (!v.isTensorList()) return v;
-  std::vector<at::Tensor> list;
-  for (const at::Tensor& t : v.toTensorList()) list.push_back(fn(t));
-  return list;
-}
-
 // The kernel's operand for `t`: a host alias of device memory, or a copy of a
 // CPU scalar (the caller may change it after the launch).
 at::Tensor operand(const at::Tensor& t) {

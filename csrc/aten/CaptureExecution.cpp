@@ -33,37 +33,12 @@ namespace {
 
 constexpr auto kNeuron = c10::DeviceType::PrivateUse1;
 
-bool is_generator_type(c10::TypePtr t) {
-  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-  return t->kind() == c10::TypeKind::GeneratorType;
-}
-
 // Whether a return type can be described by meta tensors (Tensor, Tensor?,
 // Tensor[]); any other return is a value the host would read.
 bool is_tensor_type(c10::TypePtr t) {
   if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
   if (auto list = t->cast<c10::ListType>()) t = list->getElementType();
   return t->kind() == c10::TypeKind::TensorType;
-}
-
-// `v` with each tensor (also in tensor lists and optional tensor lists)
-// replaced by fn(tensor).
-template <class F>
-c10::IValue map_tensors(const c10::IValue& v, F&& fn) {
-  if (v.isTensor()) return fn(v.toTensor());
-  if (v.isTensorList()) {
-    std::vector<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorList()) list.push_back(fn(t));
-    return list;
-  }
-  if (v.isOptionalTensorList()) {
-    c10::List<std::optional<at::Tensor>> list;
-    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-      list.push_back(t && t->defined() ? std::optional<at::Tensor>(fn(*t)) : t);
-    }
-    return list;
-  }
-  return v;
 }
 
 // CPU scalars stay: meta kernels take them with meta tensors, as they do

@@ -55,32 +55,6 @@ at::Tensor make_like(c10::Storage storage, c10::DispatchKey key, const at::Tenso
   return t;
 }
 
-bool is_generator_arg(const c10::Argument& arg) {
-  auto t = arg.type();
-  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-  return t->kind() == c10::TypeKind::GeneratorType;
-}
-
-// `iv` with every tensor replaced by fn(tensor).
-template <class F>
-c10::IValue map_tensors(c10::IValue iv, F&& fn) {
-  if (iv.isTensor()) return fn(iv.toTensor());
-  if (iv.isTensorList()) {
-    auto list = iv.toTensorList();
-    for (size_t j = 0; j < list.size(); ++j) list[j] = fn(list[j]);
-    return list;
-  }
-  if (iv.isOptionalTensorList()) {
-    auto list = iv.toOptionalTensorList();
-    for (size_t j = 0; j < list.size(); ++j) {
-      std::optional<at::Tensor> t = list[j];
-      if (t) list[j] = fn(*t);
-    }
-    return list;
-  }
-  return iv;
-}
-
 int64_t max_numel(const torch::jit::Stack& stack, size_t begin) {
   int64_t n = 1;
   for (size_t i = begin; i < stack.size(); ++i) {
@@ -130,7 +104,7 @@ class HostCall {
       c10::IValue& iv = stack_[args_begin_ + i];
       if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
         iv = c10::Device(c10::kCPU);
-      } else if (is_generator_arg(schema_.arguments()[i])) {
+      } else if (is_generator_type(schema_.arguments()[i].type())) {
         generator_args_.push_back(&iv);
         gen_ = iv.isNone() ? default_generator(device_index()) : iv.toGenerator();
         TORCH_CHECK(gen_.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",

@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "csrc/runtime/Runtime.h"
 
@@ -86,6 +88,32 @@ void for_each_tensor(const c10::IValue& iv, F&& fn) {
       if (t && t->defined()) fn(*t, true);
     }
   }
+}
+
+// `iv` with each tensor (also in tensor lists and optional tensor lists)
+// replaced by fn(tensor), in new lists: the caller's lists stay as they are.
+template <class F>
+c10::IValue map_tensors(const c10::IValue& iv, F&& fn) {
+  if (iv.isTensor()) return fn(iv.toTensor());
+  if (iv.isTensorList()) {
+    std::vector<at::Tensor> list;
+    for (const at::Tensor& t : iv.toTensorList()) list.push_back(fn(t));
+    return list;
+  }
+  if (iv.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList()) {
+      list.push_back(t && t->defined() ? std::optional<at::Tensor>(fn(*t)) : t);
+    }
+    return list;
+  }
+  return iv;
+}
+
+// Whether a schema type is Generator or Generator?.
+inline bool is_generator_type(c10::TypePtr t) {
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  return t->kind() == c10::TypeKind::GeneratorType;
 }
 
 // Whether `op`, called with the arguments at `args` (its first argument),
