@@ -16,6 +16,8 @@ import torch
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import PlatformEnum
 
+from . import env_flag
+
 WORKER = "torch_neuronx.vllm.worker.NeuronWorker"
 # KV cache size in GiB on each device, as VLLM_CPU_KVCACHE_SPACE on the CPU platform;
 # unset: a share of the HBM budget (--gpu-memory-utilization), see worker.py.
@@ -117,11 +119,13 @@ class NeuronPlatform(CpuPlatform):
 
         # No CUDA graphs. Where vLLM would compile (its default mode, not enforce_eager), the
         # model's forward is traced once by Dynamo with the token count symbolic and compiled
-        # by Inductor for the neuron device (as on the CPU platform, docs/compile.md).
+        # by Inductor, as on the CPU platform: neuron is an Inductor device (docs/compile.md),
+        # so backend "inductor" compiles for it, and vLLM hands its Inductor options only to
+        # that backend name. TORCH_NEURONX_VLLM_COMPILE=0 runs eagerly instead.
         compilation_config = vllm_config.compilation_config
         compilation_config.cudagraph_capture_sizes = []
         if compilation_config.mode == CompilationMode.VLLM_COMPILE:
-            if os.environ.get(COMPILE_ENV, "1") == "0":
+            if not env_flag(COMPILE_ENV):
                 compilation_config.mode = CompilationMode.NONE
             else:
                 compilation_config.mode = CompilationMode.DYNAMO_TRACE_ONCE
