@@ -2,12 +2,18 @@
 """Offline vLLM batch throughput: the `neuron` platform (our plugin) vs vLLM's own CPU platform.
 
 Each platform runs in its own process (vLLM picks the platform once per process; the CPU run sets
-TORCH_NEURONX_VLLM=0), on the same model, prompts, KV cache size and eager execution, and reports
-generated tokens per second over ``--repeats`` batches (the best one). The ratio neuron / CPU is
-printed at the end. Concurrent requests through `vllm serve`: benchmarks/serving_online.py.
+TORCH_NEURONX_VLLM=0), on the same model, prompts and KV cache size, compiled as vLLM does by
+default (``--eager``: both eager), and reports generated tokens per second over ``--repeats``
+batches (the best one). The ratio neuron / CPU is printed at the end. Latency and concurrent
+requests through `vllm serve`: benchmarks/serving_online.py.
+
+Threads: by default each engine runs with vLLM's own choice (the CPU platform binds its OpenMP
+threads to the cores of a NUMA node less one reserved core; on other platforms vLLM lowers the
+engine's torch threads to 1). ``--threads N`` sets N for both engines: OMP_NUM_THREADS=N for ours,
+VLLM_CPU_OMP_THREADS_BIND=0-(N-1) for the CPU platform.
 
     python benchmarks/serving.py                      # SmolLM2-135M-Instruct, 16 prompts x 64 tokens
-    python benchmarks/serving.py --threads 1          # one host thread for both platforms
+    python benchmarks/serving.py --threads 1          # one engine thread for both platforms
 """
 
 from __future__ import annotations
@@ -38,13 +44,10 @@ def smollm2_checkpoint() -> str:
 
 def run_one(args) -> dict:
     """In a child process: one platform's measurement, printed as JSON."""
-    import torch
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    llm = LLM(model=args.model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
+    llm = LLM(model=args.model, dtype="float32", max_model_len=512, enforce_eager=args.eager, seed=0,
               kv_cache_memory_bytes=args.kv_cache_mib << 20, max_num_seqs=args.prompts)
     prompts = [f"Write a short story number {i} about a lighthouse keeper." for i in range(args.prompts)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -64,9 +67,14 @@ def run_one(args) -> dict:
 
 def measure(platform: str, args, model: str) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TORCH_NEURONX_VLLM="1" if platform == "neuron" else "0")
+    if args.threads:  # the engine core is a process of its own: its threads are set by environment
+        if platform == "cpu":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
+        else:
+            env["OMP_NUM_THREADS"] = str(args.threads)
     cmd = [sys.executable, __file__, "--child", "--model", model, "--prompts", str(args.prompts),
            "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-           "--kv-cache-mib", str(args.kv_cache_mib)] + (["--threads", str(args.threads)] if args.threads else [])
+           "--kv-cache-mib", str(args.kv_cache_mib)] + (["--eager"] if args.eager else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{platform} run failed:\n{proc.stderr[-4000:]}")
@@ -81,7 +89,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--kv-cache-mib", type=int, default=256)
-    p.add_argument("--threads", type=int, default=0, help="host threads (default: torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="engine threads of both (default: vLLM's choice)")
+    p.add_argument("--eager", action="store_true", help="enforce_eager=True for both (default: compiled)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -93,7 +102,8 @@ def main() -> int:
         print(f"{name:>6} ({r['platform']}): {r['tokens']} tokens in {r['seconds']:.2f} s = {r['tokens_per_s']:.1f} tokens/s")
     same = results["neuron"]["texts"] == results["cpu"]["texts"]
     print(f"ratio neuron/cpu throughput: {results['neuron']['tokens_per_s'] / results['cpu']['tokens_per_s']:.2f}x "
-          f"({args.prompts} prompts x {args.max_tokens} tokens, threads={args.threads or 'default'}); "
+          f"({args.prompts} prompts x {args.max_tokens} tokens, threads={args.threads or 'vLLM default'}, "
+          f"{'eager' if args.eager else 'compiled'}; load {open('/proc/loadavg').read().split()[:3]}); "
           f"greedy texts {'identical' if same else 'DIFFER'}")
     return 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch_neuronx
 
 from conftest import run_python
 
@@ -104,6 +105,18 @@ def test_the_platform_is_neuron(engine):
     assert _runner(engine).device.type == "neuron"
 
 
+def test_the_model_runs_compiled_by_inductor_for_neuron(engine):
+    """vLLM's default compilation becomes one Dynamo trace compiled by Inductor for the device
+    (platform.py); the greedy and batch tests below therefore check the compiled path's output.
+    The other engines of this module run eagerly (TORCH_NEURONX_VLLM_COMPILE=0, --enforce-eager)."""
+    from vllm.config import CompilationMode
+
+    config = engine.llm_engine.vllm_config.compilation_config
+    assert config.mode == CompilationMode.DYNAMO_TRACE_ONCE and config.backend == "inductor"
+    backbone = _runner(engine).model.model
+    assert backbone.compiled
+
+
 def test_greedy_text_equals_transformers_on_cpu(engine, smollm2):
     _, tokenizer, model = smollm2
     from vllm import SamplingParams, TokensPrompt
@@ -172,8 +185,9 @@ def test_vllm_custom_ops_are_routed_through_device_launches(engine):
     from torch_neuronx.vllm import kernels
 
     for name in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
-        assert name in kernels.ROUTED
+        assert name in kernels.ROUTED and name in kernels.QUEUED  # `-> ()`: queued by the C++ kernel
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{name}", "PrivateUse1")
+    assert "get_scheduler_metadata" in kernels.ROUTED and "get_scheduler_metadata" not in kernels.QUEUED
     # A write through a routed op lands in device memory after the matmuls queued before it,
     # exactly as the CPU kernel writes it (the cache's packed layout is the kernel's business).
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
@@ -190,9 +204,24 @@ def test_vllm_custom_ops_are_routed_through_device_launches(engine):
         return cache
 
     a = torch.randn(64, 64)
-    got, want = write(a.to("neuron")), write(a)
+    a_neuron = a.to("neuron")
+    torch.neuron.synchronize()
+    before = torch_neuronx._C._launch_counts(0)
+    got = write(a_neuron)
+    stalls = torch_neuronx._C._launch_counts(0)[1] - before[1]
+    want = write(a)
     assert want.any()
     torch.testing.assert_close(got.cpu(), want)
+    # The write was queued after the matmuls: nothing made the caller wait for them
+    # (the zeros and arange factories may find work queued).
+    assert stalls <= 2, stalls
+
+
+def test_queued_custom_op_registration_rejects_ops_with_results():
+    with pytest.raises(RuntimeError, match="returns values"):
+        torch_neuronx._C._register_queued_custom_op("aten::add.Tensor")
+    with pytest.raises(RuntimeError, match="no operator"):
+        torch_neuronx._C._register_queued_custom_op("_C::no_such_op")
 
 
 def test_engine_process_keeps_the_devices_accelerator_functions(engine):
@@ -270,9 +299,10 @@ def main():
     text = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8),
                         use_tqdm=False)[0].outputs[0].text
     blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    mode = int(llm.llm_engine.vllm_config.compilation_config.mode)
     pid = llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
     llm.llm_engine.engine_core.shutdown()
-    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid}))
+    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode}))
 
 if __name__ == "__main__":
     main()
@@ -287,9 +317,11 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     before = set(os.listdir(shm))
     proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(path)!r}]; runpy.run_path({str(script)!r}, "
                       "run_name='__main__')", env={"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1",
-                                                    "VLLM_ENABLE_V1_MULTIPROCESSING": None})
+                                                    "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                                                    "TORCH_NEURONX_VLLM_COMPILE": "0"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["text"].startswith(" Paris"), result
+    assert result["mode"] == 0, result  # TORCH_NEURONX_VLLM_COMPILE=0: eager (CompilationMode.NONE)
     # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
     # whole blocks. The caching allocator rounds each allocation up to a quarter step between
     # powers of two, so the weights hold up to a quarter more than their bytes and the one
@@ -329,6 +361,9 @@ def _post(port, path, body, stream=False):
 SERVER_SEQS = 16  # --max-num-seqs: the concurrent requests below all fit in one batch
 
 
+SERVER_PID = {}  # the server fixture's process id, for the neuron-ls test
+
+
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
     """`vllm serve` (our console script) on neuron, shared by the server tests: its port."""
@@ -351,7 +386,8 @@ def server(smollm2, tmp_path_factory):
     log = open(log_path, "w")
     server = subprocess.Popen(
         [vllm_command, "serve", str(path), "--served-model-name", "smollm2", "--dtype", "float32",
-         "--max-model-len", "256", "--max-num-seqs", str(SERVER_SEQS), "--host", "127.0.0.1", "--port", str(port)],
+         "--max-model-len", "256", "--max-num-seqs", str(SERVER_SEQS), "--enforce-eager",
+         "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
         env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None}))
     try:
@@ -366,6 +402,7 @@ def server(smollm2, tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(1)
+        SERVER_PID["pid"] = server.pid
         yield port
         assert server.poll() is None, log_path.read_text()[-3000:]  # the tests left it up
     finally:
@@ -462,6 +499,30 @@ def test_vllm_serve_batches_16_concurrent_requests(server):
     assert 0 < steps <= generated / 4, (steps, generated)
 
 
+def test_neuron_ls_and_top_show_the_engine_core_with_its_device_memory(server, smollm2):
+    """The server's engine core (vLLM titles it VLLM::EngineCore) is listed by neuron-ls and
+    neuron-top on neuron:0, holding the weights and the KV cache within the 1 GiB budget."""
+    import subprocess
+    import sys
+
+    from conftest import _child_env
+
+    _, _, cpu_model = smollm2
+    weight_bytes = sum(p.numel() * p.element_size() for p in cpu_model.parameters())
+
+    def parent(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    for tool, args in (("neuron_ls", ["--json"]), ("neuron_top", ["--once", "--json", "--interval", "0.2"])):
+        out = subprocess.run([sys.executable, "-m", f"neuron_tools.{tool}", *args], capture_output=True, text=True,
+                             check=True, env=_child_env({}), timeout=60).stdout
+        rows = [p for p in json.loads(out)["processes"] if parent(p["pid"]) == SERVER_PID["pid"]]
+        assert len(rows) == 1, (tool, out)
+        assert rows[0]["command"] == "VLLM::EngineCore" and rows[0]["device"] == "neuron:0", rows
+        assert weight_bytes < rows[0]["hbm_used"] <= 1 << 30, (rows, weight_bytes)
+
+
 def test_vllm_serve_cancelled_stream_frees_its_kv_blocks(server):
     """Closing a streaming connection mid-way aborts the request: it stops running, its KV
     blocks are free again (cache usage 0), and the next request is served."""
@@ -514,7 +575,7 @@ def placement(worker):
 
 def main():
     llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, seed=0,
-              tensor_parallel_size=2, kv_cache_memory_bytes=64 << 20)
+              tensor_parallel_size=2, kv_cache_memory_bytes=64 << 20, enforce_eager=True)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(sys.argv[2])]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     ranks = llm.collective_rpc(placement)

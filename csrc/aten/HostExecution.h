@@ -51,6 +51,10 @@ void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& 
 // it), run with the caller's thread state (AsyncExecution.cpp).
 void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, std::function<void()> body);
 
+// Registers a queued PrivateUse1 kernel for custom op `qualified`
+// ("ns::op.overload"), which must return nothing (QueuedCustomOps.cpp).
+void register_queued_custom_op(const std::string& qualified);
+
 // While `device`'s current stream captures a graph: records `op` as a kernel,
 // its outputs described by the op's Meta kernel (CaptureExecution.cpp), and
 // returns true; raises a capture error for ops that cannot be recorded.

@@ -74,6 +74,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_register_host_kernels", &at::neuron::register_host_kernels,
         "Registers the route table's kernels; returns the registered op names.");
+  m.def("_register_queued_custom_op", &at::neuron::register_queued_custom_op, py::arg("qualified_name"),
+        "Queues custom op 'ns::op.overload' (no results) on the current stream for neuron tensors.");
   m.def(
       "_route_table",
       [] {

@@ -15,13 +15,20 @@ PLATFORM = "torch_neuronx.vllm.platform.NeuronPlatform"
 ENV_SWITCH = "TORCH_NEURONX_VLLM"
 
 
+def env_flag(name: str) -> bool:
+    """A switch of ours that is on unless set to 0 (false, no, off); other values raise ValueError."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value not in ("", "1", "true", "yes", "on"):
+        raise ValueError(f"{name}={value!r} is invalid. Accepted: 0 or 1 (also false/true, no/yes, off/on).")
+    return True
+
+
 def register() -> str | None:
     """The platform class path when a neuron device is there, else None (vLLM's own choice)."""
-    value = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if value in ("0", "false", "no", "off"):
+    if not env_flag(ENV_SWITCH):
         return None
-    if value not in ("", "1", "true", "yes", "on"):
-        raise ValueError(f"{ENV_SWITCH}={value!r} is invalid. Accepted: 0 or 1 (also false/true, no/yes, off/on).")
     import torch
 
     # A malformed device configuration raises ValueError here; vLLM logs plugin

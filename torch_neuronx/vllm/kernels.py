@@ -10,6 +10,12 @@ the runtime's protect mode. We register a ``PrivateUse1`` kernel for each of
 them that does what the fallback does for the ``CPU`` ones: a launch on the
 current stream (ordered after queued work) running the op on host aliases of
 the device memory (zero copy, so in-place writes land in the KV cache).
+
+Ops that only write into their arguments (schema ``-> ()``: the cache write,
+the attention, the slot mapping) are queued by a C++ kernel of ours
+(``csrc/aten/QueuedCustomOps.cpp``): the caller goes on at once, as for any
+queued ATen op, so the model's Python runs ahead of the device through the
+attention layers too. Ops with results launch synchronously from Python.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch_neuronx
 NAMESPACE = "_C"
 _LIBRARY = None
 ROUTED: list[str] = []
+QUEUED: list[str] = []  # the subset of ROUTED queued by the C++ kernel
 
 
 def _composite_ops() -> list[str]:
@@ -99,15 +106,19 @@ def register() -> list[str]:
     if _LIBRARY is not None:
         return ROUTED
     library = torch.library.Library(NAMESPACE, "IMPL")
-    for name, overload, _schema in _composite_ops():
+    for name, overload, schema in _composite_ops():
         op = getattr(getattr(torch.ops, NAMESPACE), name)
         op = getattr(op, overload)
         qualified = name if overload == "default" else f"{name}.{overload}"
+        ROUTED.append(qualified)
+        if not schema.returns:
+            torch_neuronx._C._register_queued_custom_op(f"{NAMESPACE}::{qualified}")
+            QUEUED.append(qualified)
+            continue
         kernel = _make_kernel(op, qualified)
         # Autograd's key too: under no_grad the composite kernel would still
         # be picked there, before PrivateUse1 is reached.
         for key in ("PrivateUse1", "AutogradPrivateUse1"):
             library.impl(qualified, kernel, key)
-        ROUTED.append(qualified)
     _LIBRARY = library
     return ROUTED

@@ -16,10 +16,14 @@ import torch
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import PlatformEnum
 
+from . import env_flag
+
 WORKER = "torch_neuronx.vllm.worker.NeuronWorker"
 # KV cache size in GiB on each device, as VLLM_CPU_KVCACHE_SPACE on the CPU platform;
 # unset: a share of the HBM budget (--gpu-memory-utilization), see worker.py.
 KVCACHE_ENV = "VLLM_NEURON_KVCACHE_SPACE"
+# "0": the model runs eagerly even where vLLM would compile it (as enforce_eager=True).
+COMPILE_ENV = "TORCH_NEURONX_VLLM_COMPILE"
 
 
 def kv_cache_bytes_from_env() -> int | None:
@@ -113,11 +117,27 @@ class NeuronPlatform(CpuPlatform):
         parallel_config.enable_dbo = False
         parallel_config.disable_custom_all_reduce = True
 
-        # No CUDA graphs; the model runs eagerly (compiled execution through our
-        # compile backend is not wired yet, docs/serving.md).
+        # No CUDA graphs. Where vLLM would compile (its default mode, not enforce_eager), the
+        # model's forward is traced once by Dynamo with the token count symbolic and compiled
+        # by Inductor, as on the CPU platform: neuron is an Inductor device (docs/compile.md),
+        # so backend "inductor" compiles for it, and vLLM hands its Inductor options only to
+        # that backend name. TORCH_NEURONX_VLLM_COMPILE=0 runs eagerly instead.
         compilation_config = vllm_config.compilation_config
         compilation_config.cudagraph_capture_sizes = []
-        compilation_config.mode = CompilationMode.NONE
+        if compilation_config.mode == CompilationMode.VLLM_COMPILE:
+            if not env_flag(COMPILE_ENV):
+                compilation_config.mode = CompilationMode.NONE
+            else:
+                compilation_config.mode = CompilationMode.DYNAMO_TRACE_ONCE
+                compilation_config.backend = "inductor"
+                # The CPU platform's Inductor settings; no combo kernels (vLLM turns them on for
+                # any platform but CPU; Inductor's C++ backend, which neuron's uses, has none).
+                compilation_config.inductor_compile_config.update(
+                    {"dce": True, "size_asserts": False, "nan_asserts": False, "epilogue_fusion": True,
+                     "combo_kernels": False, "benchmark_combo_kernel": False})
+                compilation_config.ir_enable_torch_wrap = False
+        if vllm_config.lora_config is not None:
+            compilation_config.mode = CompilationMode.NONE
         vllm_config.profiler_config.torch_profiler_dump_cuda_time_total = False
 
         # Workers start by spawn: a forked child would inherit the parent's

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from vllm.config import CompilationMode
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import format_gib
@@ -61,12 +62,16 @@ class NeuronWorker(CPUWorker):
         return contextlib.nullcontext()  # no sleep mode: weights and cache stay put
 
     def _should_warm_up_model(self) -> bool:
-        return False  # eager execution: nothing to compile ahead
+        # Compiled execution: the warm-up run compiles the model (one graph, symbolic token
+        # count) before the cache is sized, so the compile's buffers are counted. Eager: nothing.
+        return self.compilation_config.mode != CompilationMode.NONE
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache on this core: the explicit size when set
         (--kv-cache-memory-bytes or VLLM_NEURON_KVCACHE_SPACE), else
         --gpu-memory-utilization of the HBM budget less what is allocated (weights)."""
+        if self._should_warm_up_model():
+            self.model_runner.warming_up_model()
         torch.neuron.synchronize(self.device)
         torch.neuron.empty_cache()  # blocks freed while loading count as in use otherwise
         free, total = torch.neuron.mem_get_info(self.device)
