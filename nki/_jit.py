@@ -309,7 +309,7 @@ def _run_torch(program, tensors):
         return result
     native = _native.plan(program, _precise()) if hasattr(ex, "native_program") else None
     if native is not None:  # one runtime launch on the current stream, over device memory
-        native.run(_bind_storages(program, {n: t for n, t in tensors}, outs))
+        native.run(_bind_storages(program, {n: t for n, t in tensors}, outs, flat=False))
         _copy_back(back)
         return result
     index = device.index if device.index is not None else ex.current_device()
@@ -354,16 +354,19 @@ def _output_storages(program):
     return cached
 
 
-def _bind_storages(program, args, outs):
+def _bind_storages(program, args, outs, flat=True):
+    """Storage id -> tensor. ``flat``: 1-D views, as the interpreter indexes
+    them; the native program takes any contiguous tensor of the storage's
+    size, so its launches skip the views (microseconds per argument)."""
     arg_storages = program.__dict__.get("_arg_storages")
     if arg_storages is None:
         arg_storages = program.__dict__["_arg_storages"] = [
             (st.id, st.arg) for st in program.storages.values() if st.arg is not None]
     bound = {}
     for sid, arg in arg_storages:
-        bound[sid] = args[arg].reshape(-1)
+        bound[sid] = args[arg].reshape(-1) if flat else args[arg]
     for sid, t in outs.items():
-        bound[sid] = t.reshape(-1)
+        bound[sid] = t.reshape(-1) if flat else t
     if "_seed" not in program.__dict__:
         program.__dict__["_seed"] = _philox.seed_storage(program)
     if program.__dict__["_seed"] is not None:  # one Philox key per call, from torch's generator

@@ -1050,7 +1050,7 @@ class NativeProgram:
                                                 getattr(program, "name", "kernel"))
 
     def run(self, bound):
-        """Runs the program over ``bound`` (storage id -> flat tensor): one
+        """Runs the program over ``bound`` (storage id -> contiguous tensor): one
         launch on the current stream of their neuron device, or in place on
         CPU memory."""
         tensors = [bound.get(sid) for sid in self.bound]
