@@ -194,7 +194,7 @@ def _launch_impl(kernel, args, kwargs):
     if key is not None:
         entry = kernel._fast.get(key)
         if entry is not None:
-            return _fast_launch(entry, args)
+            return _fast_launch(entry, args, key[-4])
     bound = kernel._bind(args, kwargs)
     program, tensors, framework = kernel._specialise(bound)
     if stack:
@@ -252,19 +252,28 @@ def _fast_entry(kernel, program, device):
     native = _native.plan(program, _precise())
     if native is None or native.seed is not None or native.prints:
         return None
-    position = {name: i for i, name in enumerate(kernel._plain)}
-    args = [(sid, position[name]) for sid, name in _arg_storages(program)]
-    outs = [(st.id, st.shape, st.dtype) for st in _output_storages(program)]
-    return native, args, outs, program.result, kernel._plain
+    # Tensors by index into (*arguments, *outputs, None): the launch's list in
+    # native.bound's order, and the result when it is one tensor.
+    n = len(kernel._plain)
+    index = {sid: kernel._plain.index(name) for sid, name in _arg_storages(program)}
+    outs = _output_storages(program)
+    index.update((st.id, n + j) for j, st in enumerate(outs))
+    order = [index.get(sid, n + len(outs)) for sid in native.bound]
+    result = program.result
+    if isinstance(result, NkiTensor):
+        arg = result.storage.arg
+        result = kernel._plain.index(arg) if arg is not None else index[result.storage.id]
+    return native, order, [(st.id, st.shape, st.dtype) for st in outs], result, kernel._plain
 
 
-def _fast_launch(entry, args):
-    native, arg_sids, out_specs, result, names = entry
-    device = next(a.device for a in args if type(a) is torch.Tensor)
-    outs = {sid: torch.empty(shape, dtype=dtype, device=device) for sid, shape, dtype in out_specs}
-    bound = {sid: args[i] for sid, i in arg_sids}
-    bound.update(outs)
-    native.run(bound)
+def _fast_launch(entry, args, device):
+    native, order, out_specs, result, names = entry
+    pool = (*args, *(torch.empty(shape, dtype=dtype, device=device) for _sid, shape, dtype in out_specs), None)
+    native.launch([pool[i] for i in order])
+    if type(result) is int:
+        return pool[result]
+    n = len(names)  # a tuple (or None): _rebuild by storage and argument name
+    outs = {sid: pool[n + j] for j, (sid, _shape, _dtype) in enumerate(out_specs)}
     return _rebuild(result, outs, dict(zip(names, args)))
 
 

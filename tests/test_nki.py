@@ -725,6 +725,20 @@ def test_repeated_calls_take_the_launch_fast_path(monkeypatch):
     with pytest.raises(nki.NKIError, match="different devices"):
         scale_into(xn, out.cpu(), 3.0)
 
+    @nki.jit
+    def pair(x, out):  # a tuple: an allocated output and the written argument
+        y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(y, nl.load(x) + 1.0)
+        nl.store(out, nl.load(x) * 2.0)
+        return y, out
+
+    for _ in range(2):
+        y, o = pair(xn, out)
+        assert o is out
+        assert_same(y, x + 1)
+        assert_same(out, x * 2)
+    assert len(pair._fast) == 1
+
 
 def test_positional_and_keyword_calls_share_one_specialisation():
     """A call of only positional arguments binds without inspect (the
