@@ -190,10 +190,12 @@ def observe_writes():
 
 def _launch_impl(kernel, args, kwargs):
     stack = getattr(_observers, "stack", None)
-    key = None if kwargs or stack else _fast_key(kernel, args)
+    key = None if kwargs else _fast_key(kernel, args)
     if key is not None:
         entry = kernel._fast.get(key)
         if entry is not None:
+            if stack:  # nki_op checks the arguments the kernel writes
+                stack[-1].extend(args[i] for i in entry[5])
             return _fast_launch(entry, args, key[-4])
     bound = kernel._bind(args, kwargs)
     program, tensors, framework = kernel._specialise(bound)
@@ -214,6 +216,7 @@ def _launch_impl(kernel, args, kwargs):
 # plain contiguous tensors on one device and constants of builtin types, goes
 # straight to its native program (what _specialise and _run_torch would do,
 # without their checks and lookups: about half of a small kernel's call cost).
+# Inside nki_op it reports the written arguments as the full path does.
 # Anything else, and the first call of a signature, takes the path above.
 _CONSTANTS = (int, float, bool, str, type(None))
 
@@ -263,11 +266,12 @@ def _fast_entry(kernel, program, device):
     if isinstance(result, NkiTensor):
         arg = result.storage.arg
         result = kernel._plain.index(arg) if arg is not None else index[result.storage.id]
-    return native, order, [(st.id, st.shape, st.dtype) for st in outs], result, kernel._plain
+    written = [i for i, name in enumerate(kernel._plain) if name in _written(program)]
+    return native, order, [(st.id, st.shape, st.dtype) for st in outs], result, kernel._plain, written
 
 
 def _fast_launch(entry, args, device):
-    native, order, out_specs, result, names = entry
+    native, order, out_specs, result, names, _written_args = entry
     pool = (*args, *(torch.empty(shape, dtype=dtype, device=device) for _sid, shape, dtype in out_specs), None)
     native.launch([pool[i] for i in order])
     if type(result) is int:
