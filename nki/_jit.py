@@ -54,6 +54,8 @@ def _constant_key(name, v):
     except TypeError:
         raise NKIError(f"nki.jit: argument '{name}' of type {type(v).__name__} is neither a tensor nor a "
                        f"hashable constant") from None
+    if isinstance(v, float):  # 0.0 == -0.0: the hex string tells them apart
+        return (type(v).__name__, v.hex())
     return (type(v).__name__, v)
 
 
@@ -68,11 +70,12 @@ class _Bound:
 class Kernel:
     """A jitted kernel; ``kernel[grid](...)`` launches an SPMD grid."""
 
-    def __init__(self, fn, grid=(), options=None, cache=None):
+    def __init__(self, fn, grid=(), options=None, cache=None, fast=None):
         self.fn = fn
         self.grid = grid
         self.options = options or {}
-        self._cache = {} if cache is None else cache
+        self._cache = {} if cache is None else cache  # specialisation -> traced Program
+        self._fast = {} if fast is None else fast  # launch fast path (_fast_key) -> entry
         self._sig = inspect.signature(fn)
         # Names of a signature of plain positional parameters: a call with
         # exactly that many positional arguments binds without inspect.
@@ -89,7 +92,7 @@ class Kernel:
             raise NKIError(f"nki.jit: the launch grid must be integers, got {grid!r}") from None
         if any(g < 1 for g in grid):
             raise NKIError(f"nki.jit: launch grid {grid} has an empty axis")
-        return Kernel(self.fn, grid, self.options, self._cache)
+        return Kernel(self.fn, grid, self.options, self._cache, self._fast)
 
     def __repr__(self):
         return f"<nki.jit kernel {self.fn.__qualname__} grid={list(self.grid)}>"
@@ -186,15 +189,96 @@ def observe_writes():
 
 
 def _launch_impl(kernel, args, kwargs):
+    stack = getattr(_observers, "stack", None)
+    key = None if kwargs else _fast_key(kernel, args)
+    if key is not None:
+        entry = kernel._fast.get(key)
+        if entry is not None:
+            if stack:  # nki_op checks the arguments the kernel writes
+                stack[-1].extend(args[i] for i in entry[5])
+            return _fast_launch(entry, args, key[-4])
     bound = kernel._bind(args, kwargs)
     program, tensors, framework = kernel._specialise(bound)
-    stack = getattr(_observers, "stack", None)
     if stack:
         written = _written(program)
         stack[-1].extend(t for n, t in tensors if n in written)
     if framework == "torch":
-        return _run_torch(program, tensors)
+        result = _run_torch(program, tensors)
+        if key is not None:
+            entry = _fast_entry(kernel, program, key[-4])  # the key ends: device, target, precise, mode
+            if entry is not None:
+                kernel._fast[key] = entry
+        return result
     return _run_numpy(program, tensors)
+
+
+# The launch fast path: a repeated call with the same argument signature, of
+# plain contiguous tensors on one device and constants of builtin types, goes
+# straight to its native program (what _specialise and _run_torch would do,
+# without their checks and lookups: about half of a small kernel's call cost).
+# Inside nki_op it reports the written arguments as the full path does.
+# Anything else, and the first call of a signature, takes the path above.
+_CONSTANTS = (int, float, bool, str, type(None))
+
+
+def _fast_key(kernel, args):
+    """The call's fast-path key, or None when it does not qualify."""
+    if kernel._plain is None or len(args) != len(kernel._plain):
+        return None
+    key = [kernel.grid]
+    device = None
+    for a in args:
+        if type(a) is torch.Tensor:
+            if not a.is_contiguous() or torch._is_functional_tensor(a):
+                return None
+            d = a.device
+            if device is None:
+                device = d
+            elif d != device:
+                return None
+            key.append((a.shape, a.dtype))
+        elif type(a) in _CONSTANTS:
+            # float.hex tells 0.0 from -0.0 (equal keys otherwise); NaN never hits
+            key.append((type(a), a.hex() if type(a) is float else a))
+        else:
+            return None
+    if device is None or device.type in ("cpu", "meta"):
+        return None
+    key += (device, _target.current(), _precise(), _native.mode())
+    return tuple(key)
+
+
+def _fast_entry(kernel, program, device):
+    """What _fast_launch needs for ``program``, or None to keep the full path."""
+    if not hasattr(_device.executor(device.type), "native_program"):
+        return None
+    native = _native.plan(program, _precise())
+    if native is None or native.seed is not None or native.prints:
+        return None
+    # Tensors by index into (*arguments, *outputs, None): the launch's list in
+    # native.bound's order, and the result when it is one tensor.
+    n = len(kernel._plain)
+    index = {sid: kernel._plain.index(name) for sid, name in _arg_storages(program)}
+    outs = _output_storages(program)
+    index.update((st.id, n + j) for j, st in enumerate(outs))
+    order = [index.get(sid, n + len(outs)) for sid in native.bound]
+    result = program.result
+    if isinstance(result, NkiTensor):
+        arg = result.storage.arg
+        result = kernel._plain.index(arg) if arg is not None else index[result.storage.id]
+    written = [i for i, name in enumerate(kernel._plain) if name in _written(program)]
+    return native, order, [(st.id, st.shape, st.dtype) for st in outs], result, kernel._plain, written
+
+
+def _fast_launch(entry, args, device):
+    native, order, out_specs, result, names, _written_args = entry
+    pool = (*args, *(torch.empty(shape, dtype=dtype, device=device) for _sid, shape, dtype in out_specs), None)
+    native.launch([pool[i] for i in order])
+    if type(result) is int:
+        return pool[result]
+    n = len(names)  # a tuple (or None): _rebuild by storage and argument name
+    outs = {sid: pool[n + j] for j, (sid, _shape, _dtype) in enumerate(out_specs)}
+    return _rebuild(result, outs, dict(zip(names, args)))
 
 
 # Dynamo cannot trace the interpreter: a raw kernel call in a compiled region
@@ -309,7 +393,7 @@ def _run_torch(program, tensors):
         return result
     native = _native.plan(program, _precise()) if hasattr(ex, "native_program") else None
     if native is not None:  # one runtime launch on the current stream, over device memory
-        native.run(_bind_storages(program, {n: t for n, t in tensors}, outs))
+        native.run(_bind_storages(program, {n: t for n, t in tensors}, outs, flat=False))
         _copy_back(back)
         return result
     index = device.index if device.index is not None else ex.current_device()
@@ -354,16 +438,23 @@ def _output_storages(program):
     return cached
 
 
-def _bind_storages(program, args, outs):
-    arg_storages = program.__dict__.get("_arg_storages")
-    if arg_storages is None:
-        arg_storages = program.__dict__["_arg_storages"] = [
+def _arg_storages(program):
+    cached = program.__dict__.get("_arg_storages")  # (storage id, argument name)
+    if cached is None:
+        cached = program.__dict__["_arg_storages"] = [
             (st.id, st.arg) for st in program.storages.values() if st.arg is not None]
+    return cached
+
+
+def _bind_storages(program, args, outs, flat=True):
+    """Storage id -> tensor. ``flat``: 1-D views, as the interpreter indexes
+    them; the native program takes any contiguous tensor of the storage's
+    size, so its launches skip the views (microseconds per argument)."""
     bound = {}
-    for sid, arg in arg_storages:
-        bound[sid] = args[arg].reshape(-1)
+    for sid, arg in _arg_storages(program):
+        bound[sid] = args[arg].reshape(-1) if flat else args[arg]
     for sid, t in outs.items():
-        bound[sid] = t.reshape(-1)
+        bound[sid] = t.reshape(-1) if flat else t
     if "_seed" not in program.__dict__:
         program.__dict__["_seed"] = _philox.seed_storage(program)
     if program.__dict__["_seed"] is not None:  # one Philox key per call, from torch's generator

@@ -1050,7 +1050,7 @@ class NativeProgram:
                                                 getattr(program, "name", "kernel"))
 
     def run(self, bound):
-        """Runs the program over ``bound`` (storage id -> flat tensor): one
+        """Runs the program over ``bound`` (storage id -> contiguous tensor): one
         launch on the current stream of their neuron device, or in place on
         CPU memory."""
         tensors = [bound.get(sid) for sid in self.bound]
@@ -1061,6 +1061,13 @@ class NativeProgram:
         if self.seed is not None:
             key = torch.tensor(_philox.key_words(bound[_philox.SEED]), dtype=torch.uint32)
             tensors[self.bound.index(self.seed)] = key.to(dev)
+        self.launch(tensors)
+        for st in self.prints:
+            print(st.print_prefix, snaps[st.id].cpu().reshape(st.shape))
+
+
+    def launch(self, tensors):
+        """One launch over ``tensors``, in the order of ``self.bound``."""
         try:
             self.prog.run(tensors, torch.get_num_threads())
         except RuntimeError as e:
@@ -1069,8 +1076,6 @@ class NativeProgram:
             if cap is None:
                 raise
             raise NKIError(cap.group(0)) from None
-        for st in self.prints:
-            print(st.print_prefix, snaps[st.id].cpu().reshape(st.shape))
 
 
 def _aligned(v, P):

@@ -694,6 +694,52 @@ def test_positional_only_and_default_arguments():
         k(x, (x,))
 
 
+def test_repeated_calls_take_the_launch_fast_path(monkeypatch):
+    """The second call of an argument signature (plain contiguous neuron
+    tensors, builtin constants) launches its native program directly
+    (Kernel._fast): the same results, the returned argument is the caller's
+    tensor, -0.0 and 0.0 are different constants, and calls that do not
+    qualify (a strided argument, the interpreter) take the full path."""
+    @nki.jit
+    def scale_into(x, out, s):
+        nl.store(out, nl.load(x) * s)
+        return out
+
+    x = torch.randn(8, 8)
+    xn, out = x.to("neuron"), torch.empty(8, 8, device="neuron")
+    for _ in range(3):
+        xn.add_(1.0)
+        x.add_(1.0)
+        assert scale_into(xn, out, 3.0) is out
+        assert_same(out, x * 3)
+    assert len(scale_into._fast) == 1
+    for s in (-0.0, 0.0, -0.0):  # bits: the sign of each zero product
+        scale_into(xn, out, s)
+        assert torch.equal(out.cpu().view(torch.int32), (x * s).view(torch.int32))
+    assert len(scale_into._fast) == 3
+    assert_same(scale_into(xn.t(), out, 2.0), x.t() * 2)  # strided: copied, full path
+    monkeypatch.setenv("NKI_EXECUTOR", "interpreter")
+    assert_same(scale_into(xn, out, 3.0), x * 3)
+    assert len(scale_into._fast) == 3
+    monkeypatch.delenv("NKI_EXECUTOR")
+    with pytest.raises(nki.NKIError, match="different devices"):
+        scale_into(xn, out.cpu(), 3.0)
+
+    @nki.jit
+    def pair(x, out):  # a tuple: an allocated output and the written argument
+        y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(y, nl.load(x) + 1.0)
+        nl.store(out, nl.load(x) * 2.0)
+        return y, out
+
+    for _ in range(2):
+        y, o = pair(xn, out)
+        assert o is out
+        assert_same(y, x + 1)
+        assert_same(out, x * 2)
+    assert len(pair._fast) == 1
+
+
 def test_positional_and_keyword_calls_share_one_specialisation():
     """A call of only positional arguments binds without inspect (the
     per-call fast path); keywords, too many arguments and too few still go

@@ -1,6 +1,7 @@
 """NKI kernels as PyTorch operators (nki_op / wrap_nki): eager on neuron,
 torch.compile(backend="neuron", fullgraph=True) keeping the op opaque, and
 training through register_autograd."""
+import pytest
 import torch
 
 import nki
@@ -158,7 +159,6 @@ def test_compile_dynamic_shapes_specialise():
 def test_raw_kernel_in_compiled_region():
     """Without nki_op a kernel call is a graph break (the rest still
     compiles); fullgraph=True says to use nki_op."""
-    import pytest
     a = torch.randn(64, 16)
 
     def f(x):
@@ -170,3 +170,24 @@ def test_raw_kernel_in_compiled_region():
     assert_same(torch.compile(f, backend="neuron")(a.to("neuron")), a * a + 1)
     with pytest.raises(Exception, match="register it with torch_neuronx.nki_op"):
         torch.compile(g, backend="neuron", fullgraph=True)(a.to("neuron"))
+
+
+@nki_op("nki_test::add_into_undeclared", mutates_args={})
+def add_into_undeclared(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    add_kernel(a, b, out)
+
+
+def test_repeated_calls_report_the_written_argument():
+    """From its second call with the same arguments' signature a kernel
+    launch takes nki.jit's fast path; inside nki_op it still reports the
+    arguments it writes: an undeclared write raises every time, a declared
+    one gives the caller the written tensor."""
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    an, bn = a.to("neuron"), b.to("neuron")
+    for _ in range(3):
+        with pytest.raises(nki.NKIError, match="mutates_args does not list"):
+            add_into_undeclared(an, bn, torch.empty(4, 64, device="neuron"))
+    for i in range(3):
+        out = torch.empty(4, 64, device="neuron")
+        add_into(an, bn * i, out)
+        assert_same(out, a + b * i)
