@@ -7,8 +7,8 @@ plain dense ``LlamaForCausalLM`` at load time, so nothing is downloaded.
 
 Examples::
 
-    python examples/generate.py                          # neuron, static cache, decode steps replayed as neuron graphs
-    python examples/generate.py --no-graphs              # neuron, static cache, eager decode
+    python examples/generate.py                          # neuron, static cache, eager decode
+    python examples/generate.py --graphs                 # neuron, static cache, eager decode step replayed as a neuron graph
     python examples/generate.py --compile                # neuron, static cache, compiled decode
     python examples/generate.py --graphs compiled        # neuron, static cache, compiled decode replayed as a neuron graph
     python examples/generate.py --cache dynamic          # neuron, dynamic cache, eager
@@ -17,15 +17,15 @@ Examples::
     python examples/generate.py --device cpu --force-compile   # CPU, compiled static decode
     python examples/generate.py --chat                   # interactive chat, streamed tokens
 
-On neuron the decode step is not compiled by default: its first eager run is captured into a
-neuron graph (``torch.neuron.graph``, tens of milliseconds) and every later token replays it
-(``DecodeGraph``; docs/graphs.md). That is the fastest end to end for one answer
-(docs/benchmarks.md, "Main job end to end"): compiling the decode step costs 10-26 s for
-each new prompt length. ``--no-graphs`` decodes eagerly. ``--compile`` lets Transformers
-compile it (``torch.compile``, Inductor, ``mode="reduce-overhead"``), as it does by itself
-on accelerators; on CPU ``--force-compile`` does the same. ``--graphs compiled`` compiles it
-with ``backend="neuron", mode="reduce-overhead"``, which captures the compiled decode step
-into a neuron graph and replays it for each token.
+Decode runs eagerly by default. ``--graphs`` captures the eager decode step into a neuron
+graph at the first token (``torch.neuron.graph``, tens of milliseconds, no compile) and
+replays it for every later token (``DecodeGraph``; docs/graphs.md): 30-40 % more tokens/s,
+but for the default one-sentence answer (7 tokens) the whole run takes as long as eager
+decode (docs/benchmarks.md, "Main job end to end"), so it is not the default. ``--compile``
+lets Transformers compile the step (``torch.compile``, Inductor, ``mode="reduce-overhead"``),
+as it does by itself on accelerators; on CPU ``--force-compile`` does the same. ``--graphs
+compiled`` compiles it with ``backend="neuron", mode="reduce-overhead"`` and replays the
+compiled step as a neuron graph. Compiling costs 10-26 s for each new prompt length.
 
 The first run dequantizes the GGUF and keeps the dense weights (safetensors, with the
 tokenizer) in the user cache directory, keyed by the file's hash and the dtype, so later runs
@@ -490,16 +490,12 @@ def parse_args(argv=None):
     p.add_argument("--compile-mode", default=None, help="torch.compile mode; None means reduce-overhead")
     p.add_argument("--graphs", nargs="?", const="eager", choices=("eager", "compiled"), default=None,
                    help="replay each decode step as one neuron graph (static cache, neuron devices): 'eager' "
-                        "captures the eager step (the default on neuron unless --compile/--force-compile/"
-                        "--cache dynamic/--no-graphs), 'compiled' captures the step compiled with "
-                        "backend='neuron', mode='reduce-overhead'")
-    p.add_argument("--no-graphs", action="store_true", help="decode without neuron graphs")
+                        "(what --graphs alone means) captures the eager step, 'compiled' captures the step "
+                        "compiled with backend='neuron', mode='reduce-overhead'")
     p.add_argument("--chat", action="store_true", help="interactive chat session (streams each answer)")
     p.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize the GGUF every run instead of loading the cached dense weights")
     args = p.parse_args(argv)
-    if args.graphs and args.no_graphs:
-        p.error("--graphs and --no-graphs are mutually exclusive")
     if args.no_compile and (args.force_compile or args.compile or args.graphs == "compiled"):
         p.error("--no-compile excludes --compile, --force-compile and --graphs compiled")
     if args.graphs:
@@ -513,11 +509,6 @@ def parse_args(argv=None):
         args.compile, args.compile_backend, args.compile_mode = True, "neuron", "reduce-overhead"
     elif args.graphs == "eager" and (args.compile or args.force_compile):
         p.error("--graphs eager captures the eager step: it excludes --compile and --force-compile")
-    # Eager-captured graphs are the default decode on neuron: faster end to end than
-    # eager decode, without the compile (docs/benchmarks.md, "Main job end to end").
-    if (args.graphs is None and not args.no_graphs and device_type(args.device) == "neuron"
-            and args.cache == "static" and not (args.compile or args.force_compile)):
-        args.graphs = "eager"
     args.no_compile = not (args.compile or args.force_compile)
     if args.chat and args.compare_cpu:
         p.error("--chat and --compare-cpu are mutually exclusive")
