@@ -8,21 +8,24 @@ plain dense ``LlamaForCausalLM`` at load time, so nothing is downloaded.
 Examples::
 
     python examples/generate.py                          # neuron, static cache, eager decode
+    python examples/generate.py --graphs                 # neuron, static cache, eager decode step replayed as a neuron graph
     python examples/generate.py --compile                # neuron, static cache, compiled decode
-    python examples/generate.py --graphs                 # neuron, static cache, decode replayed as a neuron graph
+    python examples/generate.py --graphs compiled        # neuron, static cache, compiled decode replayed as a neuron graph
     python examples/generate.py --cache dynamic          # neuron, dynamic cache, eager
     python examples/generate.py --compare-cpu            # also run on CPU, require identical text
     python examples/generate.py --device cpu             # CPU only (no backend needed)
     python examples/generate.py --device cpu --force-compile   # CPU, compiled static decode
     python examples/generate.py --chat                   # interactive chat, streamed tokens
 
-Decode runs eagerly by default: for one answer that is the fastest end to end (compiling
-the decode step costs ~10 s for each new prompt length and saves little per token on this
-model; docs/benchmarks.md). ``--compile`` lets Transformers compile it (``torch.compile``,
-Inductor, ``mode="reduce-overhead"``), as it does by itself on accelerators; on CPU
-``--force-compile`` does the same. ``--graphs`` compiles it with ``backend="neuron",
-mode="reduce-overhead"``, which captures the compiled decode step into a neuron graph and
-replays it for each token (docs/graphs.md).
+Decode runs eagerly by default. ``--graphs`` captures the eager decode step into a neuron
+graph at the first token (``torch.neuron.graph``, tens of milliseconds, no compile) and
+replays it for every later token (``DecodeGraph``; docs/graphs.md): 30-40 % more tokens/s,
+but for the default one-sentence answer (7 tokens) the whole run takes as long as eager
+decode (docs/benchmarks.md, "Main job end to end"), so it is not the default. ``--compile``
+lets Transformers compile the step (``torch.compile``, Inductor, ``mode="reduce-overhead"``),
+as it does by itself on accelerators; on CPU ``--force-compile`` does the same. ``--graphs
+compiled`` compiles it with ``backend="neuron", mode="reduce-overhead"`` and replays the
+compiled step as a neuron graph. Compiling costs 10-26 s for each new prompt length.
 
 The first run dequantizes the GGUF and keeps the dense weights (safetensors, with the
 tokenizer) in the user cache directory, keyed by the file's hash and the dtype, so later runs
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -395,6 +399,67 @@ def generation_kwargs(
     return kwargs
 
 
+class DecodeGraph:
+    """Replays an eager static-cache decode step as a neuron graph (no torch.compile).
+
+    Installed as ``model.forward`` (``install_decode_graph``), it passes prefill and any
+    other call through, and for a decode step (one new token, a ``StaticCache``, no
+    other tensor arguments) captures the eager step once with ``torch.neuron.graph``
+    and replays it for every later token: the token ids and the attention mask are
+    copied into the graph's inputs, and the logits are the graph's static output,
+    which generate() copies before the next step. The cache's tensors (keys, values,
+    current length) are updated in place by the replay. Each generate() call makes
+    a new cache, so its first decode step captures again (tens of ms, against the
+    seconds of compiling the step). A step that cannot be captured runs eagerly
+    from then on, with the reason printed once.
+    """
+
+    def __init__(self, forward):
+        functools.update_wrapper(self, forward)  # generate() reads forward's signature
+        self.eager = forward
+        self.key = None
+        self.graph = None
+        self.failed: str | None = None
+        self.captures = self.replays = 0
+
+    def __call__(self, *args, **kwargs):
+        from transformers import StaticCache
+
+        ids, cache = kwargs.get("input_ids"), kwargs.get("past_key_values")
+        if self.failed or args or ids is None or ids.shape[1] != 1 or not isinstance(cache, StaticCache):
+            return self.eager(*args, **kwargs)
+        # Tensors (ids, positions, mask) are the graph's inputs; the rest, and the cache, choose the graph.
+        tensors = {name: value for name, value in kwargs.items() if torch.is_tensor(value)}
+        key = (id(cache), *((name, value.shape, value.dtype) for name, value in sorted(tensors.items())),
+               *sorted((name, value) for name, value in kwargs.items() if name not in tensors and value is not cache))
+        if key != self.key:
+            self.graph = self.output = None  # the previous cache's graph returns its pool
+            self.inputs = {name: value.clone() for name, value in tensors.items()}
+            graph = torch.neuron.NeuronGraph()
+            try:
+                with torch.neuron.graph(graph):
+                    self.output = self.eager(**{**kwargs, **self.inputs})
+            except RuntimeError as error:
+                self.failed = str(error).splitlines()[0]
+                print(f"[graphs] decode step not captured, decoding eagerly: {self.failed}", file=sys.stderr)
+                return self.eager(**kwargs)
+            self.graph, self.key = graph, key
+            self.captures += 1
+        else:
+            for name, value in tensors.items():
+                self.inputs[name].copy_(value)
+        self.graph.replay()  # capture records without running: the first step replays too
+        self.replays += 1
+        return self.output
+
+
+def install_decode_graph(model) -> DecodeGraph:
+    """Makes ``model``'s decode steps replay as neuron graphs (``del model.forward`` undoes it)."""
+    graphed = DecodeGraph(model.forward)
+    model.forward = graphed
+    return graphed
+
+
 def run_generate(model, inputs, gen_kwargs, tokenizer=None, echo=False):
     """One greedy generate(); returns (new token ids as a list, step statistics)."""
     streamer, clock = make_streamer(tokenizer, echo=echo)
@@ -423,22 +488,27 @@ def parse_args(argv=None):
                    help="compile the static-cache decode step even on devices transformers does not auto-compile for (CPU)")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend; None means inductor")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode; None means reduce-overhead")
-    p.add_argument("--graphs", action="store_true",
-                   help="static cache, decode step compiled with backend='neuron', mode='reduce-overhead': "
-                        "replayed as one neuron graph per token (neuron devices only)")
+    p.add_argument("--graphs", nargs="?", const="eager", choices=("eager", "compiled"), default=None,
+                   help="replay each decode step as one neuron graph (static cache, neuron devices): 'eager' "
+                        "(what --graphs alone means) captures the eager step, 'compiled' captures the step "
+                        "compiled with backend='neuron', mode='reduce-overhead'")
     p.add_argument("--chat", action="store_true", help="interactive chat session (streams each answer)")
     p.add_argument("--no-weights-cache", action="store_true",
                    help="dequantize the GGUF every run instead of loading the cached dense weights")
     args = p.parse_args(argv)
-    if args.no_compile and (args.force_compile or args.compile or args.graphs):
-        p.error("--no-compile excludes --compile, --force-compile and --graphs")
+    if args.no_compile and (args.force_compile or args.compile or args.graphs == "compiled"):
+        p.error("--no-compile excludes --compile, --force-compile and --graphs compiled")
     if args.graphs:
         if device_type(args.device) != "neuron":
             p.error("--graphs replays neuron graphs: it needs --device neuron[:N]")
-        if args.cache != "static" or (args.compile_backend or "neuron") != "neuron" or \
-                (args.compile_mode or "reduce-overhead") != "reduce-overhead":
-            p.error("--graphs means --cache static --compile-backend neuron --compile-mode reduce-overhead")
+        if args.cache != "static":
+            p.error("--graphs needs --cache static")
+    if args.graphs == "compiled":
+        if (args.compile_backend or "neuron") != "neuron" or (args.compile_mode or "reduce-overhead") != "reduce-overhead":
+            p.error("--graphs compiled means --compile-backend neuron --compile-mode reduce-overhead")
         args.compile, args.compile_backend, args.compile_mode = True, "neuron", "reduce-overhead"
+    elif args.graphs == "eager" and (args.compile or args.force_compile):
+        p.error("--graphs eager captures the eager step: it excludes --compile and --force-compile")
     args.no_compile = not (args.compile or args.force_compile)
     if args.chat and args.compare_cpu:
         p.error("--chat and --compare-cpu are mutually exclusive")
@@ -506,6 +576,8 @@ def main(argv=None) -> int:
           f"{weight_bytes(model) / 2**20:.0f} MiB of weights", file=sys.stderr)
 
     compiled = will_compile(args.device, args.cache, args.no_compile, args.force_compile)
+    if args.graphs == "eager":
+        install_decode_graph(model)
     gen_kwargs = generation_kwargs(args.max_new_tokens, args.cache, args.no_compile, args.force_compile,
                                    args.compile_backend, args.compile_mode)
     inputs = chat_inputs(tokenizer, args.prompt, model.device)
@@ -520,7 +592,7 @@ def main(argv=None) -> int:
     if args.chat:
         return chat(model, tokenizer, gen_kwargs)
     print(f"[generate] device={model.device} cache={args.cache} "
-          f"decode={'graphs' if args.graphs else 'compiled' if compiled else 'eager'} "
+          f"decode={'graphs (' + args.graphs + ')' if args.graphs else 'compiled' if compiled else 'eager'} "
           f"prompt_tokens={inputs['input_ids'].shape[1]}",
           file=sys.stderr)
     print(f"User: {args.prompt}\nAssistant: ", end="", flush=True)

@@ -92,6 +92,77 @@ def test_generate_help_shows_defaults():
         assert expected in text, text
 
 
+# ---- examples/generate.py: decode steps captured eagerly into neuron graphs (DecodeGraph) --------------------------
+
+def _generate_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_example", EXAMPLES / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tiny_llama():
+    import copy
+
+    import torch
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    return cpu, copy.deepcopy(cpu).to("neuron")
+
+
+def test_decode_graph_replays_each_decode_step_with_cpu_greedy_tokens():
+    import torch
+
+    ex = _generate_module()
+    cpu, dev = _tiny_llama()
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    new = 12
+    kw = dict(max_new_tokens=new, do_sample=False, cache_implementation="static", disable_compile=True)
+    ref = cpu.generate(ids, attention_mask=mask, **kw)
+    graphed = ex.install_decode_graph(dev)
+    for run in range(2):
+        with torch.inference_mode():
+            out = dev.generate(ids.to("neuron"), attention_mask=mask.to("neuron"), **kw)
+        assert torch.equal(out.cpu(), ref)
+        # Each generate() makes a new cache: its first decode step captures, and every decode step is a replay.
+        assert (graphed.captures, graphed.replays) == (run + 1, (run + 1) * (new - 1))
+    assert graphed.failed is None
+    # A dynamic cache is not captured: generate() runs eagerly through the wrapper.
+    with torch.inference_mode():
+        out = dev.generate(ids.to("neuron"), attention_mask=mask.to("neuron"),
+                           **{**kw, "cache_implementation": "dynamic"})
+    assert torch.equal(out.cpu(), ref) and graphed.replays == 2 * (new - 1)
+    del dev.forward
+    assert "forward" not in vars(dev)
+
+
+def test_decode_graph_falls_back_to_eager_when_the_step_cannot_be_captured(capsys):
+    import torch
+
+    ex = _generate_module()
+    cpu, dev = _tiny_llama()
+    def read_on_host(module, args, out):
+        out.sum().item()  # a host synchronization inside the step: capture refuses it
+
+    dev.model.norm.register_forward_hook(read_on_host)
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static", disable_compile=True)
+    ref = cpu.generate(ids, **kw)
+    graphed = ex.install_decode_graph(dev)
+    with torch.inference_mode():
+        out = dev.generate(ids.to("neuron"), **kw)
+    assert torch.equal(out.cpu(), ref)
+    assert graphed.replays == 0 and graphed.failed and "captur" in graphed.failed
+    assert "[graphs] decode step not captured, decoding eagerly" in capsys.readouterr().err
+
+
 # ---- examples/sft.py: a --max-length that cuts every answer off fails before training ------------------------------
 
 def test_sft_max_length_without_answer_tokens_fails_early():

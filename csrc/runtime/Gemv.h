@@ -4,8 +4,8 @@
 // reads every weight once and does two flops per weight: it is bound by
 // memory bandwidth, and a GEMM library's blocking for reuse only costs
 // there (at one thread, MKL's sgemm/sgemv read ~6.5 GB/s on this project's
-// machine, a plain reduction 15-20 GB/s). These kernels stream each weight
-// row once, four rows at a time, with every activation row in registers.
+// machine, a plain reduction 15-20 GB/s). These kernels stream the weights
+// once, front to back, a row at a time against every activation row.
 // One build per ISA (gemv/GemvKernels.inc), picked once per process.
 #pragma once
 

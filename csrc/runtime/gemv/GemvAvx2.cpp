@@ -6,5 +6,6 @@
 #include "GemvKernels.h"
 
 namespace neuronrt::gemv::avx2 {
+constexpr int64_t kRegLanes = 8;
 #include "GemvKernels.inc"
 }  // namespace neuronrt::gemv::avx2

@@ -6,5 +6,6 @@
 #include "GemvKernels.h"
 
 namespace neuronrt::gemv::generic {
+constexpr int64_t kRegLanes = 4;
 #include "GemvKernels.inc"
 }  // namespace neuronrt::gemv::generic
