@@ -418,7 +418,7 @@ class DecodeGraph:
         functools.update_wrapper(self, forward)  # generate() reads forward's signature
         self.eager = forward
         self.key = None
-        self.graph = None
+        self.graph = self.cache = None
         self.failed: str | None = None
         self.captures = self.replays = 0
 
@@ -433,7 +433,7 @@ class DecodeGraph:
         key = (id(cache), *((name, value.shape, value.dtype) for name, value in sorted(tensors.items())),
                *sorted((name, value) for name, value in kwargs.items() if name not in tensors and value is not cache))
         if key != self.key:
-            self.graph = self.output = None  # the previous cache's graph returns its pool
+            self.graph = self.output = self.cache = None  # the previous cache's graph returns its pool
             self.inputs = {name: value.clone() for name, value in tensors.items()}
             graph = torch.neuron.NeuronGraph()
             try:
@@ -443,7 +443,8 @@ class DecodeGraph:
                 self.failed = str(error).splitlines()[0]
                 print(f"[graphs] decode step not captured, decoding eagerly: {self.failed}", file=sys.stderr)
                 return self.eager(**kwargs)
-            self.graph, self.key = graph, key
+            # The graph writes into this cache's tensors: holding it keeps its memory (and its id) from reuse.
+            self.graph, self.key, self.cache = graph, key, cache
             self.captures += 1
         else:
             for name, value in tensors.items():
