@@ -12,9 +12,12 @@ alternating rounds:
   path SDPA took before; called as ``aten::_scaled_dot_product_flash_attention_for_cpu``);
 * ``cpu``     -- ``F.scaled_dot_product_attention`` on CPU tensors.
 
-A sample runs ``--inner`` calls then ``torch.neuron.synchronize()``; the minimum over
-``--samples`` samples is reported per call (the machine is shared: the minimum is the
-least disturbed figure).
+``eager`` rows time the calls as issued (dispatch included); ``replayed`` rows capture
+``--inner`` calls of each neuron way in one ``torch.neuron.graph`` and time its replay,
+which leaves the kernel and its launch (what a decode graph pays per layer). A sample
+runs ``--inner`` calls (or one replay of them) then ``torch.neuron.synchronize()``; the
+minimum over ``--samples`` samples is reported per call (the machine is shared: the
+minimum is the least disturbed figure).
 
     python benchmarks/decode_attention.py --threads 1 --keys 100
 """
@@ -55,27 +58,37 @@ def main():
     mask = torch.zeros(1, 1, 1, args.keys, dtype=dtype)
     dq, dk, dv, dmask = (t.to("neuron") for t in (q, cache_k, cache_v, mask))
     dk, dv = dk[:, :, : args.keys], dv[:, :, : args.keys]
-    dk_full, dv_full = dk.repeat_interleave(3, 1), dv.repeat_interleave(3, 1)  # the flash op wants equal heads
     cases = {
         "decode": (lambda: F.scaled_dot_product_attention(dq, dk, dv, attn_mask=dmask, enable_gqa=True),
                    torch.neuron.synchronize),
-        "flash": (lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(dq, dk_full, dv_full,
-                                                                                     attn_mask=dmask),
+        "flash": (lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(dq, dk, dv, attn_mask=dmask),
                   torch.neuron.synchronize),
         "cpu": (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), lambda: None),
     }
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     got = cases["decode"][0]().cpu()
     torch.testing.assert_close(got, ref)
-    results = {name: [] for name in cases}
+    graphs = {}
+    for name in ("decode", "flash"):
+        fn = cases[name][0]
+        fn(), torch.neuron.synchronize()
+        graphs[name] = torch.neuron.NeuronGraph()
+        with torch.neuron.graph(graphs[name]):
+            for _ in range(args.inner):
+                fn()
+    results = {f"eager {name}": [] for name in cases} | {f"replayed {name}": [] for name in graphs}
     for _ in range(3):  # alternating rounds
         for name, (fn, sync) in cases.items():
             fn(), sync()
-            results[name].append(timed(fn, args.inner, args.samples, sync))
+            results[f"eager {name}"].append(timed(fn, args.inner, args.samples, sync))
+        for name, graph in graphs.items():
+            results[f"replayed {name}"].append(timed(graph.replay, 1, args.samples, torch.neuron.synchronize)
+                                               / args.inner)
     print(f"threads={args.threads} dtype={args.dtype} keys={args.keys} cache={args.cache}")
     for name, r in results.items():
-        print(f"  {name:7s} {min(r):8.2f} us/call")
-    print(f"  flash/decode {min(results['flash']) / min(results['decode']):.1f}x")
+        print(f"  {name:16s} {min(r):8.2f} us/call")
+    for mode in ("eager", "replayed"):
+        print(f"  {mode}: flash/decode {min(results[mode + ' flash']) / min(results[mode + ' decode']):.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """scaled_dot_product_attention on neuron: eager SDPA takes the fused
 (``overrideable``) path wherever CPU would take its flash kernel, so results
-equal CPU's bit for bit, and traced graphs keep that one fused op."""
+equal CPU's bit for bit, and traced graphs keep that one fused op. A single
+query position (decode) takes a direct kernel within float tolerances of CPU
+(csrc/aten/DecodeAttention.cpp; the tests at the end)."""
 import pytest
 import torch
 import torch.nn.functional as F

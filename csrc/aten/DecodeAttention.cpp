@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -96,12 +97,51 @@ std::pair<const float*, int64_t> slab(const T* p, int64_t ld, int64_t step, int6
   return {buf.data(), E};
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DECODE_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DECODE_ATTENTION_CLONES
+#endif
+
+// x[i] = exp(x[i] - max) for scores at most `max`; returns their sum. libm's
+// expf is a call per element (the softmax's largest cost for ~100 keys); this
+// is Cephes' single-precision exp (range reduction by ln 2, a degree-6
+// polynomial, ~1 ulp), written so the loop vectorises. Exponents below -87
+// (and masked keys' -inf) give exactly 0.
+DECODE_ATTENTION_CLONES
+float exp_shifted(float* x, int64_t n, float max) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = x[i] - max;
+    const float c = d < -87.f ? -87.f : d;
+    const float k = std::floor(c * 1.44269504088896341f + 0.5f);
+    float r = c - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.f;
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    x[i] = d < -87.f ? 0.f : y * scale;
+  }
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j];
+  }
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
 // acc[r][e] = sum_s w[r][s] * v[s][e] for the `rows` query heads sharing one
 // value head: each value row is read once for all of them. The loops
 // vectorise; on x86-64 the widest ISA the machine has is picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+DECODE_ATTENTION_CLONES
 void weighted_sum(int64_t rows, int64_t S, int64_t E, const float* w, int64_t ldw, const float* v, int64_t ldv,
                   float* acc) {
   std::fill(acc, acc + rows * E, 0.f);
@@ -155,8 +195,7 @@ void run(const Problem& p) {
           lse[b * p.H + h0 + r] = 0.f;
           continue;
         }
-        float sum = 0.f;
-        for (int64_t s = 0; s < S; ++s) sum += (sc[s] = std::exp(sc[s] - max));
+        const float sum = exp_shifted(sc, S, max);
         const float inv = 1.f / sum;
         for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
         lse[b * p.H + h0 + r] = max + std::log(sum);
