@@ -1,13 +1,15 @@
 // SDPA for one query position: the decode step of a generating model.
 //
 // The host flash kernel tiles queries and keys for long sequences; for a
-// single query row per head its setup costs far more than the work (9 heads
-// × ~100 keys × 64 for SmolLM2: ~48 µs where the arithmetic takes a few).
-// This kernel reads q, k, v and the mask through their strides (a static
-// cache's slice, HF's expanded key/value heads, a broadcast mask), computes
-// each (batch, head) row's scores, a max-subtracted softmax and the weighted
-// sum of values in float32, and runs as one queued launch, so graph capture
-// records it like any queued kernel.
+// single query row per head its setup outweighs the work (SmolLM2's 9 heads
+// × 100 keys × 64: 17 µs per call in a graph replay, this kernel 11 µs;
+// benchmarks/decode_attention.py). This kernel reads q, k, v and the mask
+// through their strides (a static cache's slice, HF's expanded key/value
+// heads, a broadcast mask); for each (batch, key/value head) it scores the
+// query heads that share it in one GEMV pass over the keys, takes a
+// max-subtracted softmax and the weighted sum of values in float32, and the
+// whole call runs as one queued launch, so graph capture records it like any
+// queued kernel.
 #include "DecodeAttention.h"
 
 #include <ATen/ATen.h>
@@ -97,7 +99,7 @@ std::pair<const float*, int64_t> slab(const T* p, int64_t ld, int64_t step, int6
   return {buf.data(), E};
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DECODE_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DECODE_ATTENTION_CLONES
