@@ -67,7 +67,8 @@ def main():
     }
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     got = cases["decode"][0]().cpu()
-    torch.testing.assert_close(got, ref)
+    tol = {} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)  # as tests/test_attention.py
+    torch.testing.assert_close(got, ref, **tol)
     graphs = {}
     for name in ("decode", "flash"):
         fn = cases[name][0]
