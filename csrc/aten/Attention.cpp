@@ -1,7 +1,8 @@
 // scaled_dot_product_attention on neuron: the PrivateUse1 "overrideable"
 // fused path. The choice asks the host (CPU) flash-attention constraints and,
 // where they hold, routes SDPA to the fused kernels below; otherwise it
-// returns the math path, which decomposes into device ops.
+// returns the math path, which decomposes into device ops. A single query
+// position (decode) takes a direct kernel instead (DecodeAttention.h).
 //
 // F.scaled_dot_product_attention does not call the aten::_fused_sdp_choice
 // op: it calls _fused_sdp_choice_stub for the query's device type, so the
@@ -14,6 +15,9 @@
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <torch/library.h>
 
+#include <cmath>
+
+#include "DecodeAttention.h"
 #include "HostExecution.h"
 #include "OpTracking.h"
 
@@ -64,10 +68,14 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // The layout the meta kernels promise (Inductor plans buffers from them and
 // checks fallback outputs): empty_like(like)'s, i.e. `like`'s dimension order,
 // densely packed.
+std::vector<int64_t> dense_strides_of(const at::Tensor& like) {
+  return like.is_non_overlapping_and_dense() ? like.strides().vec()
+                                             : at::infer_dense_strides(like.sizes(), like.strides());
+}
+
 at::Tensor with_layout_of(const at::Tensor& t, const at::Tensor& like) {
   TORCH_INTERNAL_ASSERT(t.sizes() == like.sizes());
-  auto strides = like.is_non_overlapping_and_dense() ? like.strides().vec()
-                                                     : at::infer_dense_strides(like.sizes(), like.strides());
+  auto strides = dense_strides_of(like);
   if (t.strides() == c10::IntArrayRef(strides)) return t;
   auto out = at::empty_strided(t.sizes(), strides, t.options());
   out.copy_(t);
@@ -100,7 +108,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::Sym
 fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& bias,
                 double dropout_p, bool is_causal, bool return_debug_mask, std::optional<double> scale) {
   TORCH_CHECK(dropout_p == 0.0, "neuron fused attention has no dropout; use the math path");
-  auto [out, logsumexp] = flash_attention_for_host(q, k, v, dropout_p, is_causal, bias, scale);
+  at::Tensor out, logsumexp;
+  if (decode_attention_applies(q, k, v, bias, is_causal)) {
+    out = at::empty_strided(q.sizes(), dense_strides_of(q), q.options());
+    logsumexp = at::empty({q.size(0), q.size(1), 1}, q.options().dtype(at::kFloat));
+    decode_attention(q, k, v, bias, scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1))), out,
+                     logsumexp);
+  } else {
+    std::tie(out, logsumexp) = flash_attention_for_host(q, k, v, dropout_p, is_causal, bias, scale);
+  }
   auto empty = at::empty({0}, q.options());
   auto empty_i64 = at::empty({0}, q.options().dtype(at::kLong));
   auto seed = at::empty({}, q.options().dtype(at::kLong));
