@@ -25,7 +25,6 @@
 
 #include "HostExecution.h"
 #include "OpTracking.h"
-#include "csrc/runtime/Gemv.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
