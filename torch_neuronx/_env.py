@@ -29,9 +29,13 @@ FLAGS = {
 
 def flag(name: str) -> bool:
     """The boolean variable ``name`` (its default when unset or empty)."""
-    value = os.environ.get(name, "")
+    return parse_flag(name, os.environ.get(name, ""), FLAGS[name])
+
+
+def parse_flag(name: str, value: str, default: bool) -> bool:
+    """``value`` of boolean variable ``name``; ``default`` when empty."""
     if not value:
-        return FLAGS[name]
+        return default
     if value.lower() in _TRUE:
         return True
     if value.lower() in _FALSE:

