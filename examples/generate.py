@@ -53,6 +53,11 @@ _STARTED = time.perf_counter()  # before torch is imported: end-to-end times inc
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# OpenMP threads that sleep when idle instead of spinning: on a host with other busy
+# processes, spinning teams take turns by scheduler time slices and a run stalls for
+# seconds, on CPU as on neuron (docs/benchmarks.md, "The 2-thread stall"). libgomp
+# reads this when torch loads it, so it is set here, before the import.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 

@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <pthread.h>
 #include <set>
 #include <string>
 #include <thread>
@@ -240,6 +241,9 @@ Stream::Executor& Stream::executor() const {
   auto* self = const_cast<Stream*>(this);
   std::thread([self, e] {
     tls_executor_of = self;
+    // Named for top -H, perf and gdb: "neuron-exec" + device.stream.
+    const std::string name = "neuron-exec" + std::to_string(self->device_) + "." + std::to_string(self->id_);
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
     for (;;) {
       std::unique_ptr<Kernel> kernel;
       uint64_t correlation = 0;

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <pthread.h>
+#include <string>
 #include <thread>
 
 #if defined(__x86_64__)
@@ -108,6 +110,7 @@ class Pool {
   }
 
   void loop(int index, uint64_t seen) {
+    pthread_setname_np(pthread_self(), ("neuron-work" + std::to_string(index)).substr(0, 15).c_str());
     for (;;) {
       auto start = std::chrono::steady_clock::now();
       for (int i = 0;; ++i) {

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <pthread.h>
+#include <string>
 #include <thread>
 
 TEST(Stream, DefaultAndPoolStreams) {
@@ -86,9 +88,11 @@ TEST(Executor, QueuedKernelsRunInOrderOnAnotherThread) {
   std::atomic<bool> release{false};
   std::vector<int> order;
   std::thread::id ran_on;
+  char name[16] = {};
   s.enqueue(kernel([&] {
     while (!release.load()) std::this_thread::yield();
     ran_on = std::this_thread::get_id();
+    pthread_getname_np(pthread_self(), name, sizeof(name));
     order.push_back(1);
   }));
   s.enqueue(kernel([&] { order.push_back(2); }));
@@ -98,6 +102,8 @@ TEST(Executor, QueuedKernelsRunInOrderOnAnotherThread) {
   s.launch([&] { order.push_back(3); });
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
   EXPECT_NE(ran_on, std::this_thread::get_id());
+  // Named for top -H / perf: the device and the stream.
+  EXPECT_EQ(std::string(name), "neuron-exec0." + std::to_string(s.id()));
   EXPECT_TRUE(s.query());
 }
 

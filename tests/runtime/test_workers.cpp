@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <pthread.h>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,6 +21,7 @@ struct Visits {
   std::vector<std::atomic<int>> count;
   std::mutex mutex;
   std::set<std::thread::id> threads;
+  std::set<std::string> names;
   explicit Visits(int64_t n) : count(n) {}
 };
 
@@ -30,8 +33,11 @@ void split(Visits& v, int threads, int64_t n, int64_t grain, bool slow = false) 
     ASSERT_LE(end, n);
     for (int64_t i = begin; i < end; ++i) v.count[i].fetch_add(1);
     if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
     std::lock_guard<std::mutex> lock(v.mutex);
     v.threads.insert(std::this_thread::get_id());
+    v.names.insert(name);
   });
 }
 
@@ -64,6 +70,7 @@ TEST(Workers, SplitsRunOnSeveralThreadsAndTheCaller) {
   // 12 chunks of 5 ms: the workers wake and take some (one thread a core at most).
   EXPECT_EQ(static_cast<int64_t>(v.threads.size()), std::min<int64_t>(3, cores()));
   EXPECT_EQ(v.threads.count(std::this_thread::get_id()), 1u);
+  EXPECT_EQ(v.names.count("neuron-work0"), 1u);  // named for top -H / perf
   // One thread, or too little work for two ranges: the caller alone.
   Visits one(1 << 16);
   split(one, 1, 1 << 16, 1);
