@@ -844,6 +844,43 @@ def test_native_bf16_rounding_pieces(rows, cols, monkeypatch):
         assert torch.equal(_bits(out)[keep], _bits(want)[keep])
 
 
+@nki.jit
+def _bf16_stt(x, w, op0, s, op1):
+    """op1(op0(x, s), w) on bf16 tiles into a bf16 tile, 128 rows at a time."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(P // 128):
+        t = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i * 128:(i + 1) * 128])
+        u = nl.ndarray((128, F), dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u, src=w[i * 128:(i + 1) * 128])
+        v = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=v, data=t, op0=op0, operand0=s, op1=op1, operand1=u)
+        nisa.dma_copy(dst=out[i * 128:(i + 1) * 128], src=v)
+    return out
+
+
+@pytest.mark.parametrize("rows,cols", [(256, 1000), (2048, 2048)])
+def test_native_bf16_stt_pairs(rows, cols, monkeypatch):
+    # bf16 x bf16 -> bf16 scalar_tensor_tensor with add/subtract/multiply runs
+    # 32 values per step on even/odd halves where the CPU has AVX512_BF16
+    # (Kernels.inc stt_bf16_pairs); pieces with a NaN or denormal result take
+    # the element loop. Random bit patterns (every exponent: products that
+    # underflow, overflow, ties), NaN, inf and denormal inputs: the
+    # interpreter's bits but NaN payloads.
+    g = torch.Generator().manual_seed(4)
+    x, w = (torch.randint(-2**15, 2**15, (rows, cols), generator=g, dtype=torch.int32).to(torch.int16)
+            .view(torch.bfloat16) for _ in range(2))
+    x.view(torch.int16).view(-1)[::97] = torch.tensor([0x7FC1, 0x0001, -0x7FC0, 0x7F80, 0x0040],
+                                                       dtype=torch.int16).repeat(rows * cols // 485 + 1)[:(rows * cols + 96) // 97]
+    for op0, s, op1 in ((nl.multiply, 1.37, nl.multiply), (nl.subtract, 0.5, nl.add)):
+        ref = _run("interpreter", _bf16_stt, x, w, op0, s, op1, monkeypatch=monkeypatch)
+        out = _run("native", _bf16_stt, x, w, op0, s, op1, monkeypatch=monkeypatch)
+        assert torch.equal(out.isnan(), ref.isnan())
+        keep = ~ref.isnan()
+        assert torch.equal(_bits(out)[keep], _bits(ref)[keep])
+
+
 def test_native_fusion_needs_a_dead_tile(monkeypatch):
     # s read again after the multiply: two records, and the result of both.
     monkeypatch.setenv("NKI_EXECUTOR", "native")
