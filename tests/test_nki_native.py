@@ -795,6 +795,92 @@ def test_native_gate_loop_scale_one_and_in_place(in_place, monkeypatch):
         _close(out.float()[fin], ref.to(torch.bfloat16).float()[fin], rtol=8e-3, atol=1e-4)
 
 
+@nki.jit
+def _bf16_stores(x, ones):
+    """fp32 -> bf16 three ways: a tensor_copy into a bf16 tile, a
+    scalar_tensor_tensor (x * 1 * 1) into a bf16 tile and into HBM rows."""
+    P, F = x.shape
+    a = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    b = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    for i in nl.affine_range(P // 128):
+        t = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i * 128:(i + 1) * 128])
+        o = nl.ndarray((128, F), dtype=ones.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=o, src=ones[i * 128:(i + 1) * 128])
+        u = nl.ndarray((128, F), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=u, src=t)
+        nisa.dma_copy(dst=a[i * 128:(i + 1) * 128], src=u)
+        v = nl.ndarray((128, F), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=v, data=t, op0=nl.multiply, operand0=1.0, op1=nl.multiply, operand1=o)
+        nisa.dma_copy(dst=b[i * 128:(i + 1) * 128], src=v)
+    return a, b
+
+
+# (2048 x 2048: bf16 outputs of 8 MiB, stored with streaming stores)
+@pytest.mark.parametrize("rows,cols", [(256, 1000), (2048, 2048)])
+def test_native_bf16_rounding_pieces(rows, cols, monkeypatch):
+    # bf16 rows round 32 values at a time with VCVTNE2PS2BF16 where the CPU
+    # has AVX512_BF16 (Kernels.inc bf16_run); a piece holding a NaN or a
+    # denormal, which the instruction treats otherwise, takes c10's integer
+    # rounding. Random bit patterns, with one NaN (payloads), denormal, tie or
+    # signed zero planted in some pieces: torch's bits everywhere but NaN
+    # payloads, in every piece and the tail (1000 = 31 pieces + 8).
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(-2**31, 2**31, (rows, cols), generator=g, dtype=torch.int64).to(torch.int32)
+    exp = (bits >> 23) & 0xFF
+    bits = torch.where((exp == 0) | (exp == 255), bits ^ 0x40000000, bits)  # all normal
+    special = torch.tensor([0x7FA00001, -0x3E000000 | 0x12345, 0x00018000, -0x7FFFFFFF, 0x007FFFFF, 0x3F808000,
+                            0x3F818000, 0x7F7FFFFF, 0, -2**31, 0x7F800000], dtype=torch.int64).to(torch.int32)
+    flat = bits.view(-1)
+    where = torch.arange(0, flat.numel() - 32, 32 * 7) + torch.randint(0, 32, (1,), generator=g)
+    flat[where] = special[torch.arange(where.numel()) % special.numel()]
+    x = bits.view(torch.float32)
+    ones = torch.ones(rows, cols)
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    want = x.to(torch.bfloat16)
+    for out in _bf16_stores(x, ones):
+        assert torch.equal(out.isnan(), want.isnan())
+        keep = ~want.isnan()
+        assert torch.equal(_bits(out)[keep], _bits(want)[keep])
+
+
+@nki.jit
+def _bf16_stt(x, w, op0, s, op1):
+    """op1(op0(x, s), w) on bf16 tiles into a bf16 tile, 128 rows at a time."""
+    P, F = x.shape
+    out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(P // 128):
+        t = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[i * 128:(i + 1) * 128])
+        u = nl.ndarray((128, F), dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u, src=w[i * 128:(i + 1) * 128])
+        v = nl.ndarray((128, F), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=v, data=t, op0=op0, operand0=s, op1=op1, operand1=u)
+        nisa.dma_copy(dst=out[i * 128:(i + 1) * 128], src=v)
+    return out
+
+
+@pytest.mark.parametrize("rows,cols", [(256, 1000), (2048, 2048)])
+def test_native_bf16_stt_pairs(rows, cols, monkeypatch):
+    # bf16 x bf16 -> bf16 scalar_tensor_tensor with add/subtract/multiply runs
+    # 32 values per step on even/odd halves where the CPU has AVX512_BF16
+    # (Kernels.inc stt_bf16_pairs); pieces with a NaN or denormal result take
+    # the element loop. Random bit patterns (every exponent: products that
+    # underflow, overflow, ties), NaN, inf and denormal inputs: the
+    # interpreter's bits but NaN payloads.
+    g = torch.Generator().manual_seed(4)
+    x, w = (torch.randint(-2**15, 2**15, (rows, cols), generator=g, dtype=torch.int32).to(torch.int16)
+            .view(torch.bfloat16) for _ in range(2))
+    x.view(torch.int16).view(-1)[::97] = torch.tensor([0x7FC1, 0x0001, -0x7FC0, 0x7F80, 0x0040],
+                                                       dtype=torch.int16).repeat(rows * cols // 485 + 1)[:(rows * cols + 96) // 97]
+    for op0, s, op1 in ((nl.multiply, 1.37, nl.multiply), (nl.subtract, 0.5, nl.add)):
+        ref = _run("interpreter", _bf16_stt, x, w, op0, s, op1, monkeypatch=monkeypatch)
+        out = _run("native", _bf16_stt, x, w, op0, s, op1, monkeypatch=monkeypatch)
+        assert torch.equal(out.isnan(), ref.isnan())
+        keep = ~ref.isnan()
+        assert torch.equal(_bits(out)[keep], _bits(ref)[keep])
+
+
 def test_native_fusion_needs_a_dead_tile(monkeypatch):
     # s read again after the multiply: two records, and the result of both.
     monkeypatch.setenv("NKI_EXECUTOR", "native")
@@ -834,7 +920,7 @@ def test_native_kernel_builds_agree(isa):
         # fp16, fp8 and integer tiles (conversions on load and store), transposes.
         e = T._float_edges()
         wide = torch.randn(128, 1024, generator=g)
-        cases = [(T._convert, (e, dt)) for dt in (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)]
+        cases = [(T._convert, (e, dt)) for dt in (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)]
         cases += [(T._int_ops, T._int_inputs(dt)) for dt in T._INTS]
         cases += [(T._transposes, (torch.randn(128, 96, generator=g).to(torch.float16), wide))]
         for kernel, args in cases:
