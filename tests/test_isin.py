@@ -1,5 +1,7 @@
 """isin against a few test elements (csrc/aten/Isin.cpp): its own kernel,
 equal to CPU; other calls take ATen's kernel, also equal to CPU."""
+import os
+
 import pytest
 import torch
 
@@ -41,7 +43,8 @@ def test_isin_matches_cpu(case, invert):
     elements, test = (FEW + OTHER)[case]
     want = torch.isin(elements, test, invert=invert)
     got, few = _isin(elements, test, invert)
-    assert few == (case < len(FEW))
+    # (NEURON_RT_STRICT=1 takes ATen's kernel always: its host path checks results.)
+    assert few == (case < len(FEW) and os.environ.get("NEURON_RT_STRICT") != "1")
     assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
     assert_same(got, want)
 
