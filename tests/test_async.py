@@ -87,6 +87,42 @@ def test_a_decode_step_does_not_stall():
     assert_same(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_token_selection_does_not_stall():
+    # What generate() runs between a decode step and the token's copy to the
+    # host (logits processors and stopping criteria: arange, isin, where,
+    # any(dim), ...) is queued behind the step: one waiting op would make the
+    # host wait for the whole step before it queues the rest.
+    from torch_neuronx import _C
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(1, 1000, generator=g)
+    ids = torch.randint(0, 1000, (1, 9), generator=g)
+    eos = torch.tensor([7, int(scores.argmax())])
+
+    def select(scores, ids, eos):
+        vocab = torch.arange(scores.shape[-1], device=scores.device)
+        scores = torch.where(torch.isin(vocab, eos), -float("inf"), scores)
+        token = scores.argmax(-1)
+        ids = torch.cat([ids, token[:, None]], dim=-1)
+        done = torch.isin(ids[:, -1], eos) | (ids == 3).any(dim=-1) | torch.isin(ids, 5, invert=True).all()
+        positions = torch.arange(2, ids.shape[-1] + 2, 3, device=ids.device, dtype=torch.int32)
+        return ids, done, positions
+
+    want = select(scores, ids, eos)
+    a = torch.randn(768, 768, device="neuron") / 768
+    args = (scores.neuron(), ids.neuron(), eos.neuron())
+    torch.neuron.synchronize()
+    busy = _long_work(a, n=6)
+    before = _C._launch_counts(0)
+    got = select(*args)
+    issued, stalls = (b - a for a, b in zip(before, _C._launch_counts(0)))
+    assert issued >= 10 and stalls == 0, (issued, stalls)
+    for g_, w in zip(got, want):
+        assert g_.dtype == w.dtype and g_.shape == w.shape and g_.stride() == w.stride()
+        assert_same(g_, w)
+    assert_same(busy, _long_work(a.cpu(), n=6), rtol=1e-4, atol=1e-5)
+
+
 def test_a_compiled_graph_does_not_stall():
     # A compiled graph calls matmuls as out= extern kernels into buffers it
     # allocated (`extern_kernels.mm(a, b, out=buf)`): they are queued like its

@@ -317,6 +317,12 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
     }));
   }
   if (!all_queueable) return false;
+  // An out= call's meta function also sees its outputs (after the other
+  // arguments), for ops whose result depends on them (arange's dtype).
+  for (size_t i = outs_begin; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    meta_args.push_back(v.isTensor() ? c10::IValue(to_meta(v.toTensor())) : v);
+  }
 
   // Checks and output metadata, on the caller: errors raise here.
   Outs meta = info.meta(meta_args);
@@ -332,6 +338,13 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
       const c10::IValue& v = (*stack)[outs_begin + k];
       if (!v.isTensor()) return false;
       const at::Tensor& out = v.toTensor();
+      // An empty out= is resized here, as the kernel would (resize_output
+      // does so silently): a functional factory's fresh `empty({0})` result
+      // (arange) is queued instead of waiting for the stream.
+      if (out.defined() && out.device().type() == kNeuron && out.numel() == 0 && out.sizes() != meta[k].sizes() &&
+          out.scalar_type() == meta[k].scalar_type() && meta[k].is_contiguous()) {
+        out.resize_(meta[k].sizes());
+      }
       if (!out.defined() || out.device().type() != kNeuron || out.is_neg() || out.is_conj() ||
           out.sizes() != meta[k].sizes() || out.scalar_type() != meta[k].scalar_type() ||
           at::has_internal_overlap(out) != at::MemOverlap::No) {

@@ -4,6 +4,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MetaFunctions.h>
 #include <ATen/OpMathType.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/ops/arange_meta_dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
@@ -53,6 +55,34 @@ Outs index_select_meta(const Args& a) {
   auto sizes = self.sizes().vec();
   if (self.dim() > 0) sizes[dim] = index.numel();
   return {at::empty(sizes, self.options())};
+}
+
+// where(condition, self, other): ATen's is not structured (its Meta kernel
+// is Python). The CPU kernel's output: the broadcast shape, the promoted
+// dtype of self and other, laid out by its TensorIterator.
+Outs where_meta(const Args& a) {
+  const at::Tensor& condition = T(a, 0);
+  TORCH_CHECK(condition.scalar_type() == at::kBool || condition.scalar_type() == at::kByte,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
+              condition.scalar_type());
+  at::Tensor out;
+  auto iter = at::TensorIteratorConfig()
+                  .check_all_same_dtype(false)
+                  .declare_static_dtype(at::result_type(T(a, 1), T(a, 2)))
+                  .add_output(out)
+                  .add_const_input(condition)
+                  .add_const_input(T(a, 1))
+                  .add_const_input(T(a, 2))
+                  .build();
+  return {iter.output()};
+}
+
+// arange's out= (what the functional factories call, with a fresh empty
+// output): the size follows from start, end, step and the output's dtype.
+Outs arange_meta(const Args& a) {
+  at::Tensor out = T(a, 3);
+  at::meta::arange_out(out, a[0].toScalar(), a[1].toScalar(), a[2].toScalar());
+  return {out};
 }
 
 // The fused attention of torch.nn.functional.scaled_dot_product_attention
@@ -142,7 +172,7 @@ const Route kRoutes[] = {
     UNARY(bitwise_not), R(bitwise_left_shift), R(bitwise_right_shift), R(__lshift__), R(__rshift__), R(__ilshift__),
     R(__irshift__), R(logical_and), R(logical_or), R(logical_xor), R(logical_not), COMPARE(eq), COMPARE(ne),
     COMPARE(lt), COMPARE(le), COMPARE(gt), COMPARE(ge), R(isnan), R(isinf), R(isfinite), R(isposinf), R(isneginf),
-    R(where), R(heaviside), R(digamma), R(lgamma), R(polygamma), R(mvlgamma), R(i0), R(sinc), R(igamma), R(igammac),
+    Route{"where", {QueuedRoute{"self", QueueMode::Out, "self_out", where_meta}}}, R(heaviside), R(digamma), R(lgamma), R(polygamma), R(mvlgamma), R(i0), R(sinc), R(igamma), R(igammac),
     R(nextafter), R(frexp), R(gcd), R(lcm), R(angle), R(conj_physical), R(deg2rad), R(rad2deg), R(polar), R(complex),
     R(view_as_real), R(view_as_complex),
     // activations and their backward passes
@@ -169,13 +199,18 @@ const Route kRoutes[] = {
     Route{"argmax", {OUT("", "out", at::meta::argmax(T(a, 0), a[1].toOptional<int64_t>(), a[2].toBool()))}},
     R(argmin),
     Route{"all", {OUT("", "all_out", at::meta::all(T(a, 0)))}},
-    Route{"any", {OUT("", "all_out", at::meta::any(T(a, 0)))}},
+    Route{"any", {OUT("", "all_out", at::meta::any(T(a, 0))),
+                  OUT("dim", "out", at::meta::any(T(a, 0), a[1].toInt(), a[2].toBool()))}},
     R(std), R(var), R(std_mean), R(var_mean), R(norm), R(linalg_vector_norm), R(logsumexp),
     Route{"cumsum", {OUT("", "out", at::meta::cumsum(T(a, 0), a[1].toInt(), opt_dtype(a[2])))}},
     R(cumprod), R(_cummax_helper), R(_cummin_helper), R(_logcumsumexp), R(median), R(nanmedian), R(mode), R(kthvalue),
     R(topk), R(sort), R(count_nonzero), R(bincount), R(histc), R(histogram), R(_histogramdd_bin_edges),
     R(_histogramdd_from_bin_cts), R(_histogramdd_from_bin_tensors), R(hash_tensor), R(searchsorted), R(bucketize),
-    R(_unique), R(_unique2), R(unique_consecutive), R(unique_dim), R(unique_dim_consecutive), R(isin), R(equal),
+    R(_unique), R(_unique2), R(unique_consecutive), R(unique_dim), R(unique_dim_consecutive),
+    Route{"isin", {OUT("Tensor_Tensor", "Tensor_Tensor_out", at::meta::isin(T(a, 0), T(a, 1), a[2].toBool(), a[3].toBool())),
+                   OUT("Tensor_Scalar", "Tensor_Scalar_out",
+                       at::meta::isin(T(a, 0), a[1].toScalar(), a[2].toBool(), a[3].toBool()))}},
+    R(equal),
     R(dist), R(renorm),
     // linear algebra
     Route{"mm", {OUT("", "out", at::meta::mm(T(a, 0), T(a, 1)))}},
@@ -231,7 +266,7 @@ const Route kRoutes[] = {
     R(flip), R(roll), R(repeat_interleave), R(unfold), R(unfold_backward),
     Route{"fill", {IN_PLACE("Scalar")}, {DIRECT("_.Scalar", fill_)}},
     Route{"zero", {IN_PLACE("")}, {DIRECT("_", zero_)}},
-    R(arange), R(linspace), R(logspace), R(eye), R(tril_indices), R(triu_indices), R(_assert_async),
+    Route{"arange", {QueuedRoute{"start_step", QueueMode::Out, "start_out", arange_meta}}}, R(linspace), R(logspace), R(eye), R(tril_indices), R(triu_indices), R(_assert_async),
     R(segment_reduce), R(_segment_reduce_backward),
     // random: drawn from the device generator (NeuronGenerator.h)
     R(normal), R(uniform), R(bernoulli), R(random), R(exponential), R(geometric), R(log_normal), R(cauchy),
