@@ -2,7 +2,7 @@
 // place of the op's CPU kernel.
 //
 // Matmuls with a few rows (a decode step's projections): `mm` and `addmm`
-// (bias row, beta = alpha = 1) in float32, with the weight a transposed
+// (bias row or matrix, beta = alpha = 1) in float32, with the weight a transposed
 // row-major matrix as nn.Linear and Inductor pass it. One to four rows run
 // neuronrt::gemv_f32 (runtime/Gemv.h): bound by reading the weights once,
 // which the CPU kernel (a GEMM library) does at about a third of the memory
@@ -69,11 +69,15 @@ bool covers(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias) {
   if (m < 1 || m > kGemmMaxRows || k < 1 || wt.size(0) != k || n < 1) return false;
   if (n * k * 4 < kMinWeightBytes || a.stride(1) != 1 || wt.stride(0) != 1) return false;
   if (!bias) return true;
-  // A bias row: [N], or [1 or M, N] broadcast over the rows.
+  // A bias row: [N], or [1 or M, N] broadcast over the rows; or a matrix
+  // [M, N] with dense rows (Inductor folds a residual add into addmm).
   const at::Tensor& b = *bias;
   return (b.dim() == 1 && b.size(0) == n && b.stride(0) == 1) ||
-         (b.dim() == 2 && b.size(1) == n && b.stride(1) == 1 && (b.size(0) == 1 || b.stride(0) == 0));
+         (b.dim() == 2 && b.size(1) == n && b.stride(1) == 1 && (b.size(0) == 1 || b.size(0) == m));
 }
+
+// The bias's row stride for the kernels: 0 for one row broadcast.
+int64_t bias_row_stride(const at::Tensor& b) { return b.dim() == 2 && b.size(0) > 1 ? b.stride(0) : 0; }
 
 // Whether `out` can take the result in place: [M, N] float32 with dense rows
 // that do not overlap each other (e.g. a stride-0 expanded out=) or an input.
@@ -90,6 +94,7 @@ void matmul(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, c
   const float* pa = a.const_data_ptr<float>();
   const float* pw = wt.const_data_ptr<float>();
   const float* pb = bias ? bias->const_data_ptr<float>() : nullptr;
+  const int64_t ldb = bias ? bias_row_stride(*bias) : 0;
   float* po = out.mutable_data_ptr<float>();
   const int64_t lda = a.stride(0), ldw = wt.stride(1), ldo = out.stride(0);
   const int64_t grain = std::max<int64_t>(16, kChunkBytes / (k * 4));
@@ -98,7 +103,7 @@ void matmul(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, c
   if (m <= neuronrt::kGemvMaxRows) {
     gemv_calls_.fetch_add(1, std::memory_order_relaxed);
     neuronrt::parallel_for(threads, n, grain, [&](int64_t begin, int64_t end) {
-      neuronrt::gemv_f32(m, begin, end, k, pa, lda, pw, ldw, pb, po, ldo);
+      neuronrt::gemv_f32(m, begin, end, k, pa, lda, pw, ldw, pb, ldb, po, ldo);
     });
     return;
   }
@@ -106,7 +111,7 @@ void matmul(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, c
   constexpr int64_t block = neuronrt::kGemmColumnBlock;
   gemm_calls_.fetch_add(1, std::memory_order_relaxed);
   neuronrt::parallel_for(threads, (n + block - 1) / block, grain / block, [&](int64_t begin, int64_t end) {
-    neuronrt::gemm_f32(m, begin * block, std::min(end * block, n), k, pa, lda, pw, ldw, pb, po, ldo);
+    neuronrt::gemm_f32(m, begin * block, std::min(end * block, n), k, pa, lda, pw, ldw, pb, ldb, po, ldo);
   });
 }
 
