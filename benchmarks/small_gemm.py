@@ -57,7 +57,8 @@ def main():
     rows = [int(r) for r in args.rows.split(",")]
     has_onednn = hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available()
     sync = torch.neuron.synchronize
-    print(f"threads={args.threads}  GFLOP/s (min time of {args.samples} samples); ratio = neuron / best of the CPU ways")
+    print(f"threads={args.threads}  GFLOP/s (min time of {args.samples} samples); "
+          "ratio = neuron / best of the CPU ways")
     print(f"{'K':>5} {'N':>6} {'M':>3} {'neuron':>8} {'mkl':>8} {'onednn':>8} {'ratio':>6}  kernel")
     g = torch.Generator().manual_seed(0)
     for k, n in shapes:

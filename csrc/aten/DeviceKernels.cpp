@@ -2,8 +2,8 @@
 // place of the op's CPU kernel.
 //
 // Matmuls with a few rows (a decode step's projections): `mm` and `addmm`
-// (bias row or matrix, beta = alpha = 1) in float32, with the weight a transposed
-// row-major matrix as nn.Linear and Inductor pass it. One to four rows run
+// (bias row or matrix, beta = alpha = 1) in float32, with the weight a
+// transposed row-major matrix as nn.Linear and Inductor pass it. One to four rows run
 // neuronrt::gemv_f32 (runtime/Gemv.h): bound by reading the weights once,
 // which the CPU kernel (a GEMM library) does at about a third of the memory
 // bandwidth. Five to kGemmMaxRows rows run neuronrt::gemm_f32 (runtime/Gemm.h):
@@ -28,8 +28,9 @@ namespace at::neuron {
 namespace {
 
 constexpr int64_t kMinWeightBytes = 64 * 1024;
-// The most rows the GEMM kernel takes: past them MKL's packed sgemm is as fast
-// (benchmarks/small_gemm.py).
+// The most rows the GEMM kernel takes. Past them (prefill chunks) MKL's
+// packing pays off: 95-100 GFLOP/s at 96 rows, within ~10 % of the kernel
+// at 64 (benchmarks/small_gemm.py); more rows were not measured.
 constexpr int64_t kGemmMaxRows = 64;
 // Rows of the weight per thread chunk: at least this many bytes each.
 constexpr int64_t kChunkBytes = 128 * 1024;
@@ -60,8 +61,9 @@ bool apart(const at::Tensor& out, const at::Tensor& in) {
   return e0 <= b1 || e1 <= b0;
 }
 
-// Whether a kernel computes bias + a @ wt: a [M, K] (M <= kGemmMaxRows), wt [K, N]
-// with wt.t() row-major, a bias row. (The output is checked by fits.)
+// Whether a kernel computes bias + a @ wt: a [M, K] (M <= kGemmMaxRows), wt
+// [K, N] with wt.t() row-major, a bias row or matrix. (The output is checked
+// by fits.)
 bool covers(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias) {
   if (!f32(a) || !f32(wt) || (bias && !f32(*bias))) return false;
   if (a.dim() != 2 || wt.dim() != 2) return false;

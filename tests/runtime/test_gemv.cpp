@@ -41,12 +41,13 @@ struct Case {
 void check(const Build& build, const Case& c) {
   std::mt19937 gen(static_cast<uint32_t>(c.rows * 1000003 + c.n * 131 + c.k));
   std::normal_distribution<float> dist;
-  std::vector<float> a(c.rows * c.lda), w(c.n * c.ldw), bias(c.n + (c.rows - 1) * c.ldb), out(c.rows * c.ldo, -7.0f);
+  std::vector<float> a(c.rows * c.lda), w(c.n * c.ldw), bias(c.n + (c.rows - 1) * c.ldb);
+  std::vector<float> out(c.rows * c.ldo, -7.0f);
   for (auto* v : {&a, &w, &bias}) {
     for (float& x : *v) x = dist(gen);
   }
-  build.fn(c.rows, c.begin, c.end, c.k, a.data(), c.lda, w.data(), c.ldw, c.bias ? bias.data() : nullptr, c.ldb, out.data(),
-           c.ldo);
+  build.fn(c.rows, c.begin, c.end, c.k, a.data(), c.lda, w.data(), c.ldw, c.bias ? bias.data() : nullptr, c.ldb,
+           out.data(), c.ldo);
   const std::string what = std::string(build.name) + " rows=" + std::to_string(c.rows) + " n=" + std::to_string(c.n) +
                            " k=" + std::to_string(c.k);
   for (int64_t m = 0; m < c.rows; ++m) {
