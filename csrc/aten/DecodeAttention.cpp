@@ -179,7 +179,7 @@ void run(const Problem& p) {
       auto [kf, ldk] = slab(k + b * p.k.s0 + hk * p.k.s1, p.k.s2, p.k.s3, S, E, kbuf);
       for (int64_t r0 = 0; r0 < G; r0 += neuronrt::kGemvMaxRows) {
         const int64_t rows = std::min(neuronrt::kGemvMaxRows, G - r0);
-        neuronrt::gemv_f32(rows, 0, S, E, qrows.data() + r0 * E, E, kf, ldk, nullptr, scores.data() + r0 * S, S);
+        neuronrt::gemv_f32(rows, 0, S, E, qrows.data() + r0 * E, E, kf, ldk, nullptr, 0, scores.data() + r0 * S, S);
       }
       for (int64_t r = 0; r < G; ++r) {
         float* sc = scores.data() + r * S;

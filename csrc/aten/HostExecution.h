@@ -35,8 +35,10 @@ void host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // the runtime's own kernels where one covers the call (DeviceKernels.cpp),
 // else the op's CPU kernel.
 void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-// Matmuls the GEMV kernel has run so far (tests check which kernel ran).
+// Matmuls the GEMV and the small-M GEMM kernel have run so far (tests check
+// which kernel ran).
 int64_t gemv_calls();
+int64_t gemm_calls();
 
 // Queues `op` on `device`'s current stream when its outputs can be allocated
 // without running it (AsyncExecution.cpp); returns false, leaving `stack`

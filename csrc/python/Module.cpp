@@ -87,6 +87,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "The route table per overload: (op, direct, queued, checks_data, random) (csrc/aten/Routes.h).");
   m.def("_fallback_counts", &at::neuron::fallback_counts);
+  m.def("_gemm_calls", &at::neuron::gemm_calls, "matmuls run by the runtime's small-M GEMM kernel (DeviceKernels.cpp)");
   m.def("_gemv_calls", &at::neuron::gemv_calls, "matmuls run by the runtime's GEMV kernel (DeviceKernels.cpp)");
   m.def("_parallel_splits", &neuronrt::parallel_splits, "kernels split across the runtime's workers (Workers.h)");
   m.def("_reset_fallback_counts", &at::neuron::reset_fallback_counts);

@@ -27,8 +27,8 @@ const Build& build() {
 }  // namespace
 
 void gemv_f32(int64_t rows, int64_t n_begin, int64_t n_end, int64_t k, const float* a, int64_t lda, const float* w,
-              int64_t ldw, const float* bias, float* out, int64_t ldo) {
-  build().fn(rows, n_begin, n_end, k, a, lda, w, ldw, bias, out, ldo);
+              int64_t ldw, const float* bias, int64_t ldb, float* out, int64_t ldo) {
+  build().fn(rows, n_begin, n_end, k, a, lda, w, ldw, bias, ldb, out, ldo);
 }
 
 const char* gemv_isa() { return build().isa; }

@@ -13,12 +13,12 @@
 
 namespace neuronrt {
 
-// out[m * ldo + n] = sum_k a[m * lda + k] * w[n * ldw + k]  (+ bias[n])
+// out[m * ldo + n] = sum_k a[m * lda + k] * w[n * ldw + k]  (+ bias[m * ldb + n])
 // for m < rows (1..4) and n in [n_begin, n_end), in float32; `bias` may be
-// null. Rows of `a` and `w` are contiguous in k; `out` does not overlap the
+// null, ldb 0 (one bias row) or a row stride (a matrix added, e.g. a residual). Rows of `a` and `w` are contiguous in k; `out` does not overlap the
 // inputs. Callers split [0, N) across threads.
 void gemv_f32(int64_t rows, int64_t n_begin, int64_t n_end, int64_t k, const float* a, int64_t lda, const float* w,
-              int64_t ldw, const float* bias, float* out, int64_t ldo);
+              int64_t ldw, const float* bias, int64_t ldb, float* out, int64_t ldo);
 
 // The most activation rows gemv_f32 takes.
 constexpr int64_t kGemvMaxRows = 4;

@@ -122,12 +122,13 @@ void launch_async(Stream& stream, std::unique_ptr<Kernel> kernel);
 }  // namespace neuronrt
 
 // The runtime's services, on top of the API above: stream capture into
-// graphs, the decode GEMV split
-// across the runtime's workers, the NKI program executor (it launches its
+// graphs, the decode GEMV and small-M GEMM
+// kernels split across the runtime's workers, the NKI program executor (it launches its
 // programs as Kernels), and the intra-node collectives with the peer mapping
 // of device memory (the c10d backend's transport). With the headers above,
 // these are everything the layers above csrc/runtime include
 // (tests/test_layers.py).
+#include "Gemm.h"
 #include "Gemv.h"
 #include "Graph.h"
 #include "PeerMemory.h"

@@ -1,8 +1,8 @@
 // The GEMV kernels (Gemv.h): every ISA build this CPU can run matches a
 // float64 reference within float32 matmul rounding, for 1-4 activation rows,
 // lengths around the vector width and the 4-row blocks, padded leading
-// dimensions, a bias, and a sub-range of output columns (what one thread
-// computes), leaving the rest of the output untouched.
+// dimensions, a bias row or matrix, and a sub-range of output columns (what
+// one thread computes), leaving the rest of the output untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,17 +35,19 @@ std::vector<Build> builds() {
 struct Case {
   int64_t rows, n, k, lda, ldw, ldo, begin, end;
   bool bias;
+  int64_t ldb = 0;  // 0: one bias row; else a bias matrix's row stride
 };
 
 void check(const Build& build, const Case& c) {
   std::mt19937 gen(static_cast<uint32_t>(c.rows * 1000003 + c.n * 131 + c.k));
   std::normal_distribution<float> dist;
-  std::vector<float> a(c.rows * c.lda), w(c.n * c.ldw), bias(c.n), out(c.rows * c.ldo, -7.0f);
+  std::vector<float> a(c.rows * c.lda), w(c.n * c.ldw), bias(c.n + (c.rows - 1) * c.ldb);
+  std::vector<float> out(c.rows * c.ldo, -7.0f);
   for (auto* v : {&a, &w, &bias}) {
     for (float& x : *v) x = dist(gen);
   }
-  build.fn(c.rows, c.begin, c.end, c.k, a.data(), c.lda, w.data(), c.ldw, c.bias ? bias.data() : nullptr, out.data(),
-           c.ldo);
+  build.fn(c.rows, c.begin, c.end, c.k, a.data(), c.lda, w.data(), c.ldw, c.bias ? bias.data() : nullptr, c.ldb,
+           out.data(), c.ldo);
   const std::string what = std::string(build.name) + " rows=" + std::to_string(c.rows) + " n=" + std::to_string(c.n) +
                            " k=" + std::to_string(c.k);
   for (int64_t m = 0; m < c.rows; ++m) {
@@ -55,7 +57,7 @@ void check(const Build& build, const Case& c) {
         ASSERT_EQ(got, -7.0f) << what << ": wrote outside its range at " << m << "," << j;
         continue;
       }
-      double ref = c.bias ? bias[j] : 0.0, mag = std::fabs(ref);
+      double ref = c.bias ? bias[m * c.ldb + j] : 0.0, mag = std::fabs(ref);
       for (int64_t i = 0; i < c.k; ++i) {
         ref += double(a[m * c.lda + i]) * double(w[j * c.ldw + i]);
         mag += std::fabs(double(a[m * c.lda + i]) * double(w[j * c.ldw + i]));
@@ -73,6 +75,7 @@ TEST(Gemv, MatchesReferenceInEveryBuild) {
         for (int64_t n : {1, 3, 4, 5, 13, 64}) {
           check(b, {rows, n, k, k, k, n, 0, n, false});
           check(b, {rows, n, k, k + 3, k + 5, n + 2, 0, n, true});
+          check(b, {rows, n, k, k, k, n, 0, n, true, n + 1});  // a bias matrix
         }
       }
       // One thread's share of the columns.

@@ -6,19 +6,20 @@
 namespace neuronrt::gemv {
 
 using GemvFn = void (*)(int64_t rows, int64_t n_begin, int64_t n_end, int64_t k, const float* a, int64_t lda,
-                        const float* w, int64_t ldw, const float* bias, float* out, int64_t ldo);
+                        const float* w, int64_t ldw, const float* bias, int64_t ldb, float* out,
+                        int64_t ldo);
 
 namespace generic {
-void gemv_f32(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, const float*, float*,
-              int64_t);
+void gemv_f32(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, const float*, int64_t,
+              float*, int64_t);
 }
 namespace avx2 {
-void gemv_f32(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, const float*, float*,
-              int64_t);
+void gemv_f32(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, const float*, int64_t,
+              float*, int64_t);
 }
 namespace avx512 {
-void gemv_f32(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, const float*, float*,
-              int64_t);
+void gemv_f32(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, const float*, int64_t,
+              float*, int64_t);
 }
 
 }  // namespace neuronrt::gemv

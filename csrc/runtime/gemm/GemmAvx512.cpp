@@ -1,0 +1,13 @@
+// The small-M GEMM kernels of the avx512 build (CMakeLists.txt sets this file's
+// flags; Gemm.cpp picks the build).
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <utility>
+
+#include "GemmKernels.h"
+
+namespace neuronrt::gemm::avx512 {
+constexpr int64_t kLanes = 16;
+#include "GemmKernels.inc"
+}  // namespace neuronrt::gemm::avx512
