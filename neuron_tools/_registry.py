@@ -50,6 +50,45 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _boot_unix_s() -> int | None:
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _started_unix_ns(pid: int) -> int | None:
+    """When process `pid` started (Linux: /proc/<pid>/stat), or None."""
+    boot = _boot_unix_s()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    if boot is None:
+        return None
+    return boot * 10**9 + ticks * 10**9 // os.sysconf("SC_CLK_TCK")
+
+
+# /proc's boot time is whole seconds: a live owner may seem to start up to a
+# second after it wrote its record.
+_START_SLACK_NS = 2 * 10**9
+
+
+def _owner_alive(proc: Process) -> bool:
+    """Whether the record's process still runs: the pid exists and was not
+    reused by a process started after the record was written (a killed
+    process's record stays in /dev/shm, and its pid comes back)."""
+    if not _alive(proc.pid):
+        return False
+    started = _started_unix_ns(proc.pid)
+    return started is None or started <= proc.start_unix_ns + _START_SLACK_NS
+
+
 def _field(data: bytes, base: int, fields: dict, name: str):
     offset, size = fields[name]
     raw = data[base + offset:base + offset + size]
@@ -81,7 +120,7 @@ def parse(data: bytes) -> Process | None:
 
 def processes(prefix: str = LAYOUT["path_prefix"]) -> list[Process]:
     """Live processes using the runtime on this host (stale records of dead
-    processes are skipped), ordered by pid."""
+    processes are skipped, also when their pid was reused), ordered by pid."""
     out = []
     for path in glob.glob(prefix + "*"):
         try:
@@ -89,7 +128,7 @@ def processes(prefix: str = LAYOUT["path_prefix"]) -> list[Process]:
                 proc = parse(f.read(LAYOUT["record_size"]))
         except OSError:
             continue
-        if proc is not None and _alive(proc.pid) and path.endswith(f".{proc.pid}"):
+        if proc is not None and _owner_alive(proc) and path.endswith(f".{proc.pid}"):
             out.append(proc)
     return sorted(out, key=lambda p: p.pid)
 

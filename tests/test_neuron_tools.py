@@ -71,6 +71,25 @@ def test_neuron_ls_lists_each_process_with_its_hbm(workers):
     os.unlink(f"/dev/shm/neuron-rt.{pid1}")
 
 
+def test_a_stale_record_whose_pid_was_reused_is_ignored(workers, tmp_path):
+    """A killed process's record stays in /dev/shm; when a later process gets its pid,
+    the record is still not that process's (it was written before that process started)."""
+    from neuron_tools import _registry
+    (_, pid0, _), _ = workers
+    with open(f"/dev/shm/neuron-rt.{pid0}", "rb") as f:
+        record = bytearray(f.read(_registry.LAYOUT["record_size"]))
+    offset, size = _registry.LAYOUT["header"]["start_unix_ns"]
+    prefix = str(tmp_path / "neuron-rt.")
+    assert _registry.processes(prefix) == []
+    (tmp_path / f"neuron-rt.{pid0}").write_bytes(record)  # the live worker's own record
+    assert [p.pid for p in _registry.processes(prefix)] == [pid0]
+    # The same record as if written by an earlier process of that pid, 10 minutes before.
+    start = int.from_bytes(record[offset:offset + size], "little")
+    record[offset:offset + size] = (start - 600 * 10**9).to_bytes(size, "little")
+    (tmp_path / f"neuron-rt.{pid0}").write_bytes(record)
+    assert _registry.processes(prefix) == []
+
+
 def test_record_is_removed_at_exit(workers, tmp_path):
     (p0, pid0, _), _ = workers
     (tmp_path / "stop").touch()
