@@ -5,12 +5,11 @@
 // one thread computes), leaving the rest of the output untouched.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "MatmulCheck.h"
 #include "csrc/runtime/Gemv.h"
 #include "csrc/runtime/gemv/GemvKernels.h"
 
@@ -18,10 +17,7 @@ namespace gemv = neuronrt::gemv;
 
 namespace {
 
-struct Build {
-  const char* name;
-  gemv::GemvFn fn;
-};
+using matmul_check::Build;
 
 std::vector<Build> builds() {
   std::vector<Build> b{{"generic", gemv::generic::gemv_f32}};
@@ -32,41 +28,8 @@ std::vector<Build> builds() {
   return b;
 }
 
-struct Case {
-  int64_t rows, n, k, lda, ldw, ldo, begin, end;
-  bool bias;
-  int64_t ldb = 0;  // 0: one bias row; else a bias matrix's row stride
-};
-
-void check(const Build& build, const Case& c) {
-  std::mt19937 gen(static_cast<uint32_t>(c.rows * 1000003 + c.n * 131 + c.k));
-  std::normal_distribution<float> dist;
-  std::vector<float> a(c.rows * c.lda), w(c.n * c.ldw), bias(c.n + (c.rows - 1) * c.ldb);
-  std::vector<float> out(c.rows * c.ldo, -7.0f);
-  for (auto* v : {&a, &w, &bias}) {
-    for (float& x : *v) x = dist(gen);
-  }
-  build.fn(c.rows, c.begin, c.end, c.k, a.data(), c.lda, w.data(), c.ldw, c.bias ? bias.data() : nullptr, c.ldb,
-           out.data(), c.ldo);
-  const std::string what = std::string(build.name) + " rows=" + std::to_string(c.rows) + " n=" + std::to_string(c.n) +
-                           " k=" + std::to_string(c.k);
-  for (int64_t m = 0; m < c.rows; ++m) {
-    for (int64_t j = 0; j < c.ldo; ++j) {
-      const float got = out[m * c.ldo + j];
-      if (j < c.begin || j >= c.end) {
-        ASSERT_EQ(got, -7.0f) << what << ": wrote outside its range at " << m << "," << j;
-        continue;
-      }
-      double ref = c.bias ? bias[m * c.ldb + j] : 0.0, mag = std::fabs(ref);
-      for (int64_t i = 0; i < c.k; ++i) {
-        ref += double(a[m * c.lda + i]) * double(w[j * c.ldw + i]);
-        mag += std::fabs(double(a[m * c.lda + i]) * double(w[j * c.ldw + i]));
-      }
-      // float32 accumulation: error within a few ulps of the magnitude sum.
-      ASSERT_NEAR(got, ref, 1e-6 * mag + 1e-6) << what << " at " << m << "," << j;
-    }
-  }
-}
+using matmul_check::Case;
+using matmul_check::check;
 
 TEST(Gemv, MatchesReferenceInEveryBuild) {
   for (const Build& b : builds()) {
