@@ -5,6 +5,7 @@ own code through ``neuron_tools._rtinfo``, a small extension without torch,
 so nothing here repeats the runtime's definitions."""
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from dataclasses import dataclass, field
@@ -50,7 +51,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1)
 def _boot_unix_s() -> int | None:
+    """The host's boot time (read once: neuron-top asks per record per refresh)."""
     try:
         with open("/proc/stat") as f:
             for line in f:

@@ -172,7 +172,8 @@ const Route kRoutes[] = {
     UNARY(bitwise_not), R(bitwise_left_shift), R(bitwise_right_shift), R(__lshift__), R(__rshift__), R(__ilshift__),
     R(__irshift__), R(logical_and), R(logical_or), R(logical_xor), R(logical_not), COMPARE(eq), COMPARE(ne),
     COMPARE(lt), COMPARE(le), COMPARE(gt), COMPARE(ge), R(isnan), R(isinf), R(isfinite), R(isposinf), R(isneginf),
-    Route{"where", {QueuedRoute{"self", QueueMode::Out, "self_out", where_meta}}}, R(heaviside), R(digamma), R(lgamma), R(polygamma), R(mvlgamma), R(i0), R(sinc), R(igamma), R(igammac),
+    Route{"where", {QueuedRoute{"self", QueueMode::Out, "self_out", where_meta}}},
+    R(heaviside), R(digamma), R(lgamma), R(polygamma), R(mvlgamma), R(i0), R(sinc), R(igamma), R(igammac),
     R(nextafter), R(frexp), R(gcd), R(lcm), R(angle), R(conj_physical), R(deg2rad), R(rad2deg), R(polar), R(complex),
     R(view_as_real), R(view_as_complex),
     // activations and their backward passes
