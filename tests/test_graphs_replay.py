@@ -45,6 +45,14 @@ CASES = {
     "non_contiguous": lambda x, y: x.t() * y.t() + 1,
     "in_place": lambda x, y: x.clone().mul_(y).add_(1.5).sigmoid_().sub_(y, alpha=2).div_(3),
     "matmul_mixed": lambda x, y: torch.tanh(x @ y.t()) * 2 + x.sum(),
+    "rms_norm": lambda x, y: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * y,
+    "pow": lambda x, y: x.clone().pow_(3) + y.abs().pow(0.5) + (x.abs() + 1).pow(-1.5),
+    "reductions": lambda x, y: x.sum(0) + y.mean(dim=(0, 1)) + x.t().sum(1, keepdim=True).squeeze(1)
+    + y.mean(1, dtype=torch.float32).to(y.dtype),
+    "cat": lambda x, y: torch.cat([x, y * 2, x.t()], dim=1) + torch.cat([x[:, :3], y[:, 3:]], -1).sum(1, keepdim=True),
+    "rotate_half": lambda x, y: x * y + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * y,
+    "index_copy": lambda x, y: x.clone().index_copy_(0, torch.arange(4, device=x.device) * 3 + 1, y[:4] * 2)
+    + x.view(1, 16, 16).clone().index_copy_(1, torch.arange(2, device=x.device) + 5, y[None, :2]).view(16, 16),
 }
 
 
@@ -122,6 +130,25 @@ def test_replay_failure_names_the_op_and_the_device_stays_usable():
     idx.copy_(torch.tensor([3, 1]))
     g.replay()
     assert torch.equal(out.cpu(), torch.tensor([[19.0, 21, 23], [7, 9, 11]]))
+
+
+def test_prepared_index_copy_checks_the_index_at_each_replay():
+    cache = torch.zeros(2, 6, 4, device="neuron")
+    pos = torch.tensor([1], device="neuron")
+    new = torch.ones(2, 1, 4, device="neuron")
+    g, out = _capture(lambda c, p, n: c.index_copy_(1, p, n * 2), cache, pos, new)
+    g.replay()
+    pos.copy_(torch.tensor([6]))  # out of range: the prepared kernel fails at replay
+    with pytest.raises(RuntimeError, match=r"index_copy_.*a kernel of the graph"):
+        g.replay()
+        torch.neuron.synchronize()
+    pos.copy_(torch.tensor([4]))
+    new.copy_(torch.full((2, 1, 4), 3.0))
+    g.replay()
+    expect = torch.zeros(2, 6, 4)
+    expect[:, 1] = 2
+    expect[:, 4] = 6
+    assert torch.equal(cache.cpu(), expect)
 
 
 def test_hundred_replays_allocate_nothing():

@@ -4,19 +4,25 @@
 #include <ATen/ATen.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/ops/add_native.h>
+#include <ATen/ops/cat_native.h>
 #include <ATen/ops/div_native.h>
 #include <ATen/ops/exp_native.h>
 #include <ATen/ops/gelu_native.h>
+#include <ATen/ops/index_copy_native.h>
+#include <ATen/ops/mean_native.h>
 #include <ATen/ops/mul_native.h>
 #include <ATen/ops/neg_native.h>
+#include <ATen/ops/pow_native.h>
 #include <ATen/ops/rsqrt_native.h>
 #include <ATen/ops/sigmoid_native.h>
 #include <ATen/ops/silu_native.h>
 #include <ATen/ops/sqrt_native.h>
 #include <ATen/ops/sub_native.h>
+#include <ATen/ops/sum_native.h>
 #include <ATen/ops/tanh_native.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -102,6 +108,55 @@ std::unique_ptr<ReplayCall> structured(const Args& args, const at::Tensor& out, 
   return std::make_unique<StructuredCall<Native, Meta, Impl>>(args, out, meta, impl);
 }
 
+// The same for structured kernels that are not TensorIterators (reductions
+// over dims, cat, index_copy): their meta functions only size the output,
+// which must be `out` as it is.
+template <class Native>
+class FixedMeta final : public Native {
+  static_assert(std::is_base_of_v<at::impl::MetaBase, Native>);
+
+ public:
+  explicit FixedMeta(at::Tensor out) : out_(std::move(out)) {}
+
+  const at::Tensor& maybe_get_output(int64_t) override { return out_; }
+  void set_output_raw_strided(int64_t, at::IntArrayRef sizes, at::IntArrayRef, at::TensorOptions options) override {
+    TORCH_CHECK(out_.sizes() == sizes && out_.scalar_type() == options.dtype(), "the output would be resized");
+  }
+  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    TORCH_CHECK(out_.strides() == strides, "the kernel needs other output strides");
+    set_output_raw_strided(i, sizes, strides, options);
+  }
+
+  const at::Tensor& out() const { return out_; }
+
+ private:
+  at::Tensor out_;
+};
+
+// meta once, keeping what it precomputes (and any operands built from the
+// arguments, e.g. cat's tensor vector) as `State`; impl per run.
+template <class Native, class State, class Meta, class Impl>
+class MetaCall final : public ReplayCall {
+ public:
+  MetaCall(const Args& args, const at::Tensor& out, Meta meta, Impl impl) : args_(args), kernel_(out), impl_(impl) {
+    state_.emplace(meta(kernel_, args_));
+  }
+  void run() override { impl_(kernel_, args_, *state_); }
+  bool rerunnable() const override { return true; }
+
+ private:
+  Args args_;
+  FixedMeta<Native> kernel_;
+  std::optional<State> state_;
+  Impl impl_;
+};
+
+template <class Native, class State, class Meta, class Impl>
+std::unique_ptr<ReplayCall> meta_call(const Args& args, const at::Tensor& out, Meta meta, Impl impl) {
+  return std::make_unique<MetaCall<Native, State, Meta, Impl>>(args, out, meta, impl);
+}
+
 using Factory = std::function<std::unique_ptr<ReplayCall>(const Args&, const at::Tensor&)>;
 
 template <class Native>
@@ -143,6 +198,79 @@ Factory gelu() {
   };
 }
 
+template <class Native>
+Factory tensor_scalar() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 2 || !a[0].isTensor() || !a[1].isScalar()) return nullptr;
+    return structured<Native>(
+        a, out, [](auto& k, const Args& x) { k.meta(x[0].toTensor(), x[1].toScalar()); },
+        [](auto& k, const Args& x) { k.impl(x[0].toTensor(), x[1].toScalar(), k.out()); });
+  };
+}
+
+// sum/mean over dims: (self, dim int[1]?, keepdim, dtype?).
+struct DimReduction {
+  std::optional<std::vector<int64_t>> dims;
+  at::OptionalIntArrayRef ref() const { return dims ? at::OptionalIntArrayRef(*dims) : std::nullopt; }
+};
+
+template <class Native>
+Factory dim_reduction() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 4 || !a[0].isTensor() || !(a[1].isNone() || a[1].isIntList()) || !a[2].isBool()) return nullptr;
+    return meta_call<Native, DimReduction>(
+        a, out,
+        [](auto& k, const Args& x) {
+          DimReduction r;
+          if (!x[1].isNone()) r.dims = x[1].toIntVector();
+          k.meta(x[0].toTensor(), r.ref(), x[2].toBool(), x[3].toOptional<at::ScalarType>());
+          return r;
+        },
+        [](auto& k, const Args& x, const DimReduction& r) {
+          k.impl(x[0].toTensor(), r.ref(), x[2].toBool(), x[3].toOptional<at::ScalarType>(), k.out());
+        });
+  };
+}
+
+Factory cat() {
+  struct State {
+    std::vector<at::Tensor> tensors;
+    int64_t dim, valid;
+    bool all_contiguous, all_same_dtype, all_same_sizes_and_stride;
+    at::MemoryFormat memory_format;
+  };
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 2 || !a[0].isTensorList() || !a[1].isInt()) return nullptr;
+    return meta_call<at::native::structured_cat_out_cpu, State>(
+        a, out,
+        [](auto& k, const Args& x) {
+          std::vector<at::Tensor> tensors = x[0].toTensorVector();
+          auto p = k.meta(at::ITensorListRef(tensors), x[1].toInt());
+          return State{std::move(tensors), p.dim, p.valid, p.all_contiguous, p.all_same_dtype,
+                       p.all_same_sizes_and_stride, p.memory_format};
+        },
+        [](auto& k, const Args&, const State& s) {
+          k.impl(at::ITensorListRef(s.tensors), s.dim, s.valid, s.all_contiguous, s.all_same_dtype,
+                 s.all_same_sizes_and_stride, s.memory_format, k.out());
+        });
+  };
+}
+
+// index_copy_(self, dim, index, source), in place (out is self).
+Factory index_copy() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 4 || !a[0].isTensor() || !a[1].isInt() || !a[2].isTensor() || !a[3].isTensor()) return nullptr;
+    return meta_call<at::native::structured_index_copy_out, int64_t>(
+        a, out,
+        [](auto& k, const Args& x) {
+          return k.meta(x[0].toTensor(), x[1].toInt(), x[2].toTensor(), x[3].toTensor()).dim;
+        },
+        [](auto& k, const Args& x, int64_t dim) {
+          k.impl(x[0].toTensor(), dim, x[2].toTensor(), x[3].toTensor(), k.out());
+        });
+  };
+}
+
 // "aten::op.overload" of the out= and in-place overloads -> the CPU kernel
 // object their CPU registrations run (ATen/ops/*_native.h).
 const std::unordered_map<std::string, Factory>& factories() {
@@ -164,6 +292,12 @@ const std::unordered_map<std::string, Factory>& factories() {
     both("sqrt", "", unary<at::native::structured_sqrt_out>());
     both("silu", "", unary<at::native::structured_silu_out>());
     both("gelu", "", gelu());
+    m.emplace("aten::pow.Tensor_Scalar_out", tensor_scalar<at::native::structured_pow_Tensor_Scalar_out>());
+    m.emplace("aten::pow_.Scalar", tensor_scalar<at::native::structured_pow_Tensor_Scalar_out>());
+    m.emplace("aten::sum.IntList_out", dim_reduction<at::native::structured_sum_out>());
+    m.emplace("aten::mean.out", dim_reduction<at::native::structured_mean_out>());
+    m.emplace("aten::cat.out", cat());
+    m.emplace("aten::index_copy_", index_copy());
     return m;
   }();
   return table;

@@ -7,8 +7,10 @@
 // object is built once over the fixed operands, running the op's own meta
 // function (checks, broadcasting, dtype promotion, the iterator's layout),
 // and each replay runs only its impl(): the iterator's loops over the same
-// memory. The results are those of the eager call, bit for bit: the same
-// kernel object runs the same loops.
+// memory. Structured kernels that are not TensorIterators (sum/mean over
+// dims, cat, index_copy_) are prepared the same way: meta once, keeping what
+// it precomputes, impl per replay. The results are those of the eager call,
+// bit for bit: the same kernel object runs the same loops.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
