@@ -237,6 +237,11 @@ def load_model(device: str, dtype: torch.dtype = torch.float32, source: Path | N
             quantization_config=GgufConfig(dequantize=True),
         )
     model.eval()
+    if device_type(device) == "neuron":
+        # sdpa without copying each key/value head for its group of query heads (torch_neuronx/hf_attention.py)
+        from torch_neuronx.hf_attention import use_grouped_attention
+
+        use_grouped_attention(model)
     synchronize(device)
     return model, time.perf_counter() - start
 
