@@ -78,7 +78,9 @@ class _Captured:
         self.graph = graph
         self.inputs = inputs  # the arguments of the capture (buffers for copied inputs)
         self.copied = copied  # indices of inputs copied into self.inputs
-        self.static_ptrs = static_ptrs  # {index: data_ptr} of inputs used in place
+        # Inputs used in place: their indices and data_ptrs at capture.
+        self.static_idxs = list(static_ptrs)
+        self.static_ptrs = list(static_ptrs.values())
         self.outputs = outputs
 
 
@@ -96,12 +98,16 @@ class GraphedCompiledFn:
         self.graphs: dict = {}
         self.warm: set = set()
         self.recaptures = 0
+        # (input count, positions of the inputs that choose the graph: all but
+        # the static tensors): a decode step's hundreds of parameters are not
+        # looked at per call beyond one pointer each.
+        self.keyed_idxs: tuple | None = None
 
     def __call__(self, inputs: list):
         if self.reason is None:
             key = self._key(inputs)
             entry = self.graphs.get(key)
-            if entry is not None and all(inputs[i].data_ptr() == p for i, p in entry.static_ptrs.items()):
+            if entry is not None and [inputs[i].data_ptr() for i in entry.static_idxs] == entry.static_ptrs:
                 return self._replay(entry, inputs)
             if entry is not None:
                 # A static input moved (e.g. a new KV cache): the graph reads
@@ -125,8 +131,13 @@ class GraphedCompiledFn:
 
     def _key(self, inputs) -> tuple:
         # Ints are the sizes of a dynamic graph: one neuron graph per value.
-        return tuple(x if not isinstance(x, torch.Tensor) else (x.shape, x.stride()) if i not in self.static_idxs
-                     else None for i, x in enumerate(inputs))
+        if self.keyed_idxs is None or self.keyed_idxs[0] != len(inputs):
+            self.keyed_idxs = (len(inputs), *(i for i in range(len(inputs)) if i not in self.static_idxs))
+        key = [len(inputs)]
+        for i in self.keyed_idxs[1:]:
+            x = inputs[i]
+            key.append((x.shape, x.stride()) if isinstance(x, torch.Tensor) else x)
+        return tuple(key)
 
     def _fall_back(self, reason: str) -> None:
         self.reason = reason
