@@ -160,33 +160,69 @@ const char* intern(const std::string& name) {
   return names.insert("nki::" + name).first->c_str();
 }
 
-// Bytes that records [i, j) store with streaming stores on partitions [p, pe).
-int64_t streamed_bytes(const Program& prog, int64_t i, int64_t j, int64_t p, int64_t pe) {
-  int64_t bytes = 0;
-  for (int64_t k = i; k < j; ++k) {
-    const int64_t op = prog.record(k)[0];
-    if (op == OP_FILL || op == OP_NOP || op == OP_MM) continue;
-    const View& dst = prog.view(k, 0);
-    if (prog.streamed(dst.buf) && dst.run > 0)
-      bytes += std::max<int64_t>(0, std::min(pe, dst.shape[0]) - p) * dst.run * itemsize(prog.dtypes()[dst.buf]);
-  }
-  return bytes;
-}
+// What a stretch of records [i, j) streams and reads from HBM per partition
+// row, worked out once per stretch (its records, views and buffers are the
+// same for every block of rows): a step of one row then costs a few adds
+// instead of a walk over every record's views.
+struct StretchPlan {
+  struct Out {
+    int64_t rows, bytes;  // partitions [0, rows) stream `bytes` each
+  };
+  Out outs[16];
+  int nouts = 0;
+  bool overflow = false;           // more streamed records than outs: summed per step
+  Prefetch::Range ranges[Prefetch::kMaxRanges];
+  int nranges = 0;
+  int64_t fetch_rows = 0;          // the ranges hold rows [0, fetch_rows)
+  int64_t fetch_per_row = 0;       // bytes fetched per row
+  int64_t i = 0, j = 0;
 
-// Plans `pf`: the rows [p, pe) of what records [i, j) read from HBM (bound
-// buffers; on-chip tiles are in cache already), spread over `streamed` bytes
-// of streaming stores. A view read by several records is fetched once; a
+  // Bytes the stretch stores with streaming stores on partitions [p, pe).
+  int64_t streamed(const Program& prog, int64_t p, int64_t pe) const {
+    int64_t bytes = 0;
+    if (overflow) {
+      for (int64_t k = i; k < j; ++k) {
+        const int64_t op = prog.record(k)[0];
+        if (op == OP_FILL || op == OP_NOP || op == OP_MM) continue;
+        const View& dst = prog.view(k, 0);
+        if (prog.streamed(dst.buf) && dst.run > 0)
+          bytes += std::max<int64_t>(0, std::min(pe, dst.shape[0]) - p) * dst.run * itemsize(prog.dtypes()[dst.buf]);
+      }
+      return bytes;
+    }
+    for (int k = 0; k < nouts; ++k) bytes += std::max<int64_t>(0, std::min(pe, outs[k].rows) - p) * outs[k].bytes;
+    return bytes;
+  }
+  // Starts `pf` on rows [p, pe) of the ranges, spread over `streamed` bytes of stores.
+  void prefetch(int64_t p, int64_t pe, int64_t streamed, Prefetch& pf) const {
+    pf.clear();
+    if (streamed <= 0 || nranges == 0) return;
+    for (int q = 0; q < nranges; ++q) pf.ranges[q] = ranges[q];
+    pf.nranges = nranges;
+    pe = std::min(pe, fetch_rows);
+    pf.start(p, pe, fetch_per_row * std::max<int64_t>(pe - p, 0), streamed);
+  }
+};
+
+// Plans stretch [i, j): its streamed outputs, and what it reads from HBM
+// (bound buffers; on-chip tiles are in cache already) for the prefetch of
+// the step before it. A view read by several records is fetched once; a
 // partition-broadcast row (stride 0) stays in cache by itself, and a view
 // whose rows are mostly gaps is not worth its lines.
-void plan_prefetch(const Ctx& c, int64_t i, int64_t j, int64_t p, int64_t pe, int64_t streamed, Prefetch& pf) {
-  pf.clear();
-  if (streamed <= 0) return;
+void plan_stretch(const Ctx& c, int64_t i, int64_t j, StretchPlan& plan) {
   const Program& prog = *c.program;
-  int64_t fetch = 0;  // bytes per row
-  for (int64_t k = i; k < j && pf.nranges < Prefetch::kMaxRanges; ++k) {
+  plan = StretchPlan();
+  plan.i = i, plan.j = j;
+  plan.fetch_rows = kPartitions;
+  for (int64_t k = i; k < j; ++k) {
     const int64_t* w = prog.record(k);
     if (w[0] == OP_FILL || w[0] == OP_NOP || w[0] == OP_MM) continue;
-    for (int slot = 1; slot < kMaxViews && pf.nranges < Prefetch::kMaxRanges; ++slot) {
+    const View& dst = prog.view(k, 0);
+    if (prog.streamed(dst.buf) && dst.run > 0) {
+      if (plan.nouts == int(std::size(plan.outs))) plan.overflow = true;
+      else plan.outs[plan.nouts++] = {dst.shape[0], dst.run * itemsize(prog.dtypes()[dst.buf])};
+    }
+    for (int slot = 1; slot < kMaxViews && plan.nranges < Prefetch::kMaxRanges; ++slot) {
       if (w[0] == OP_ACT && slot == w[8]) continue;  // reduce_res: written
       const View& v = prog.view(k, slot);
       if (v.ndim < 2 || prog.buffers()[v.buf].arena_offset >= 0 || v.stride[0] <= 0) continue;
@@ -207,15 +243,14 @@ void plan_prefetch(const Ctx& c, int64_t i, int64_t j, int64_t p, int64_t pe, in
       const int64_t size = itemsize(prog.dtypes()[v.buf]);
       const Prefetch::Range r{c.bufs[v.buf] + v.offset * size, v.stride[0] * size, extent * size};
       bool seen = false;
-      for (int q = 0; q < pf.nranges; ++q)
-        seen = seen || (pf.ranges[q].base == r.base && pf.ranges[q].stride == r.stride && pf.ranges[q].bytes >= r.bytes);
+      for (int q = 0; q < plan.nranges; ++q)
+        seen = seen || (plan.ranges[q].base == r.base && plan.ranges[q].stride == r.stride && plan.ranges[q].bytes >= r.bytes);
       if (seen) continue;
-      pf.ranges[pf.nranges++] = r;
-      pe = std::min(pe, v.shape[0]);
-      fetch += r.bytes + 64;
+      plan.ranges[plan.nranges++] = r;
+      plan.fetch_rows = std::min(plan.fetch_rows, v.shape[0]);
+      plan.fetch_per_row += r.bytes + 64;
     }
   }
-  pf.start(p, pe, fetch * std::max<int64_t>(pe - p, 0), streamed);
 }
 
 // Whether the first element of record i's view 0 (a loop condition) is
@@ -282,6 +317,7 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   const int64_t block = std::max<int64_t>(1, (int64_t(128) << 10) / (4 * prog.max_free()));
   const int64_t ninstr = prog.size();
   std::vector<int64_t> iterations(prog.has_loops() ? ninstr : 0);
+  StretchPlan here, next;  // the stretch running, and the one after it
   // The end of the stretch of partition-local records from i: up to the next
   // whole record, barrier or loop iteration.
   auto stretch_end = [&](int64_t i) {
@@ -323,12 +359,17 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     // stretch (the next loop iteration), unless that one runs whole or waits
     // for other threads' writes at a barrier.
     const bool ahead = j < ninstr && prog.record(j)[kWholeWord] == 0 && (!sync || prog.record(j)[kBarrierWord] == 0);
-    const int64_t after = ahead ? stretch_end(j) : j;
+    // A loop's iterations are stretches of the same shape: the plan made as
+    // the next stretch is this one's when the loop comes round.
+    if (next.i == i && next.j == j) std::swap(here, next);
+    else plan_stretch(c, i, j, here);
+    if (ahead) plan_stretch(c, j, stretch_end(j), next);
+    else next = StretchPlan();
     for (int64_t p = lo; p < hi; p += block) {
       const int64_t pe = std::min(p + block, hi);
-      const int64_t out = streamed_bytes(prog, i, j, p, pe);
-      if (pe < hi) plan_prefetch(c, i, j, pe, std::min(pe + block, hi), out, sc.prefetch);
-      else if (ahead) plan_prefetch(c, j, after, lo, std::min(lo + block, hi), out, sc.prefetch);
+      const int64_t out = here.streamed(prog, p, pe);
+      if (pe < hi) here.prefetch(pe, std::min(pe + block, hi), out, sc.prefetch);
+      else if (ahead) next.prefetch(lo, std::min(lo + block, hi), out, sc.prefetch);
       else sc.prefetch.clear();
       for (int64_t k = i; k < j; ++k) run_record(c, k, p, pe, false, sc);
     }
