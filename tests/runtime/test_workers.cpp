@@ -111,13 +111,17 @@ TEST(Workers, SleepingWorkersWakeForTheNextSplit) {
   Visits warm(1 << 12);
   split(warm, 2, 1 << 12, 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: the workers sleep
+  // A worker descheduled for the whole split (40 ms of chunks) on a loaded
+  // host leaves one round to the caller; workers that never wake leave all.
+  int both = 0;
   for (int i = 0; i < 5; ++i) {
     Visits v(1 << 12);
     split(v, 2, 1 << 12, 1, /*slow=*/true);
     for (int64_t j = 0; j < (1 << 12); ++j) ASSERT_EQ(v.count[j].load(), 1);
-    EXPECT_EQ(v.threads.size(), 2u);
+    both += v.threads.size() == 2u;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  EXPECT_GE(both, 4);
 }
 
 TEST(Workers, TheCallerFinishesWhenNoWorkerComes) {
