@@ -69,6 +69,13 @@ class NeuronPlatform(CpuPlatform):
         return torch.neuron.mem_get_info(device_id)[1]
 
     @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # The runner's host buffers are pinned, so their non_blocking copies to the device are
+        # queued (docs/runtime.md): with async scheduling the next step's inputs are prepared
+        # and sent while the device still runs the previous step.
+        return True
+
+    @classmethod
     def set_device(cls, device: torch.device) -> None:
         torch.neuron.set_device(device)
 
@@ -108,8 +115,9 @@ class NeuronPlatform(CpuPlatform):
         if cache_bytes is not None and cache_config.kv_cache_memory_bytes is None:
             cache_config.kv_cache_memory_bytes = cache_bytes
 
-        # No overlap of scheduling with execution: the host runtime gains nothing from it.
-        vllm_config.scheduler_config.async_scheduling = False
+        # Async scheduling stays as vLLM decided it (on unless something excludes it): the
+        # device runs a step's kernels on its own threads, so the host schedules and prepares
+        # step n+1 while step n runs (model_runner.py).
 
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":
