@@ -42,25 +42,50 @@ def smollm2_checkpoint() -> str:
     return str(gen.weights_cache_dir(gen.find_gguf(), torch.float32))
 
 
+def engine_busy_ns() -> int | None:
+    """Device busy time so far of this process's children (vLLM's engine core), from the runtime's
+    process registry (docs/tools.md); None where no child uses the runtime (the CPU platform)."""
+    try:
+        from neuron_tools import _registry
+    except ImportError:
+        return None
+    me = os.getpid()
+    total = None
+    for proc in _registry.processes():
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == me:
+            total = (total or 0) + sum(d.busy_ns for d in proc.devices)
+    return total
+
+
 def run_one(args) -> dict:
     """In a child process: one platform's measurement, printed as JSON."""
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
     llm = LLM(model=args.model, dtype="float32", max_model_len=512, enforce_eager=args.eager, seed=0,
-              kv_cache_memory_bytes=args.kv_cache_mib << 20, max_num_seqs=args.prompts)
+              kv_cache_memory_bytes=args.kv_cache_mib << 20, max_num_seqs=args.prompts,
+              async_scheduling=False if args.no_async_scheduling else None)
     prompts = [f"Write a short story number {i} about a lighthouse keeper." for i in range(args.prompts)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     best = None
     for _ in range(args.repeats):
+        busy = engine_busy_ns()
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         if best is None or tokens / seconds > best["tokens_per_s"]:
-            best = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+            best = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                    # the share of the batch's wall time the device ran kernels (the rest it waited for the host)
+                    "device_busy": None if busy is None else (engine_busy_ns() - busy) / 1e9 / seconds}
     best["platform"] = current_platform.device_type
+    best["async_scheduling"] = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     best["texts"] = [o.outputs[0].text for o in outputs]
     return best
 
@@ -74,7 +99,8 @@ def measure(platform: str, args, model: str) -> dict:
             env["OMP_NUM_THREADS"] = str(args.threads)
     cmd = [sys.executable, __file__, "--child", "--model", model, "--prompts", str(args.prompts),
            "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-           "--kv-cache-mib", str(args.kv_cache_mib)] + (["--eager"] if args.eager else [])
+           "--kv-cache-mib", str(args.kv_cache_mib)] + (["--eager"] if args.eager else []) + (
+               ["--no-async-scheduling"] if args.no_async_scheduling else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{platform} run failed:\n{proc.stderr[-4000:]}")
@@ -91,6 +117,8 @@ def main() -> int:
     p.add_argument("--kv-cache-mib", type=int, default=256)
     p.add_argument("--threads", type=int, default=0, help="engine threads of both (default: vLLM's choice)")
     p.add_argument("--eager", action="store_true", help="enforce_eager=True for both (default: compiled)")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="vLLM's --no-async-scheduling for both (default: vLLM's choice per platform)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -99,7 +127,9 @@ def main() -> int:
     model = args.model or smollm2_checkpoint()
     results = {name: measure(name, args, model) for name in ("neuron", "cpu")}
     for name, r in results.items():
-        print(f"{name:>6} ({r['platform']}): {r['tokens']} tokens in {r['seconds']:.2f} s = {r['tokens_per_s']:.1f} tokens/s")
+        busy = "" if r.get("device_busy") is None else f", device busy {100 * r['device_busy']:.0f}% of the time"
+        print(f"{name:>6} ({r['platform']}): {r['tokens']} tokens in {r['seconds']:.2f} s = {r['tokens_per_s']:.1f} tokens/s "
+              f"(async scheduling {'on' if r['async_scheduling'] else 'off'}{busy})")
     same = results["neuron"]["texts"] == results["cpu"]["texts"]
     print(f"ratio neuron/cpu throughput: {results['neuron']['tokens_per_s'] / results['cpu']['tokens_per_s']:.2f}x "
           f"({args.prompts} prompts x {args.max_tokens} tokens, threads={args.threads or 'vLLM default'}, "
