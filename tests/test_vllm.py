@@ -73,6 +73,7 @@ def engine(smollm2):
     saved_env = dict(os.environ)  # vLLM and our platform set variables for their processes
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"  # off by default; the tests below run with it
     threads = torch.get_num_threads()  # vLLM lowers it for serving; the suite's other tests want it back
     llm = vllm.LLM(model=str(path), dtype="float32", max_model_len=512, seed=0,
                    kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8)
@@ -301,7 +302,7 @@ def test_compat_steps_match_this_vllm():
 
 
 def test_async_scheduling_runs_on_device_streams_and_events(engine):
-    """vLLM's async scheduling is on (the fixture leaves vLLM's default), and the GPU runner's
+    """vLLM's async scheduling is on (TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 in the fixture), and the GPU runner's
     streams and events are the device's, so its output copy and input-buffer guard order real
     work; the greedy and seeded-sampling tests of this module run with it."""
     from vllm.platforms import current_platform
@@ -344,9 +345,10 @@ def main():
                         use_tqdm=False)[0].outputs[0].text
     blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     mode = int(llm.llm_engine.vllm_config.compilation_config.mode)
+    async_scheduling = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     pid = llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
     llm.llm_engine.engine_core.shutdown()
-    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode}))
+    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode, "async": async_scheduling}))
 
 if __name__ == "__main__":
     main()
@@ -362,10 +364,13 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(path)!r}]; runpy.run_path({str(script)!r}, "
                       "run_name='__main__')", env={"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1",
                                                     "VLLM_ENABLE_V1_MULTIPROCESSING": None,
-                                                    "TORCH_NEURONX_VLLM_COMPILE": "0"})
+                                                    "TORCH_NEURONX_VLLM_COMPILE": "0",
+                                                    # the default (the in-process engine's fixture sets it)
+                                                    "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": None})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["text"].startswith(" Paris"), result
     assert result["mode"] == 0, result  # TORCH_NEURONX_VLLM_COMPILE=0: eager (CompilationMode.NONE)
+    assert result["async"] is False, result  # off unless TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1
     # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
     # whole blocks. The caching allocator rounds each allocation up to a quarter step between
     # powers of two, so the weights hold up to a quarter more than their bytes and the one
@@ -433,7 +438,8 @@ def server(smollm2, tmp_path_factory):
          "--max-model-len", "256", "--max-num-seqs", str(SERVER_SEQS), "--enforce-eager",
          "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
-        env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None}))
+        env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                        "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "1"}))  # the server tests run with it
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -660,12 +666,13 @@ def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
     proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(tiny)!r}, {json.dumps(prompt_ids)!r}]; "
                       f"runpy.run_path({str(script)!r}, run_name='__main__')",
                       env={"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
-                           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})  # collective_rpc of a function
+                           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc of a function
+                           "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "1"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     for r in result["ranks"]:
         assert r["backend"] == "neuron" and r["devices"] == [f"neuron:{r['rank']}"], result["ranks"]
-        assert r["async"], result["ranks"]  # vLLM's multiproc executor schedules ahead under TP too
+        assert r["async"], result["ranks"]  # asked for: vLLM's multiproc executor schedules ahead under TP too
     for ids, got in zip(prompt_ids, result["ids"]):
         with torch.no_grad():
             ref = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,

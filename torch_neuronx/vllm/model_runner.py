@@ -5,8 +5,8 @@ host twin. Ours keeps the GPU runner's split: host buffers (pinned) are prepared
 the scheduler side and copied to the device each step by queued copies, the weights
 and KV cache live in device memory, and sampling runs on the device. Its streams and
 events are the device's (_compat.neuron_streams_for_cuda_calls, done by worker.py), so
-the GPU runner's async scheduling works unchanged: the host prepares step n+1 while
-the device still runs step n.
+the GPU runner's async scheduling works unchanged when turned on (platform.py): the
+host prepares step n+1 while the device still runs step n.
 """
 
 from __future__ import annotations
