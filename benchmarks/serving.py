@@ -14,6 +14,11 @@ VLLM_CPU_OMP_THREADS_BIND=0-(N-1) for the CPU platform.
 
     python benchmarks/serving.py                      # SmolLM2-135M-Instruct, 16 prompts x 64 tokens
     python benchmarks/serving.py --threads 1          # one engine thread for both platforms
+    python benchmarks/serving.py --async-scheduling   # ours with vLLM's async scheduling (off by default)
+
+For ours it also prints the share of the batch's wall time the device ran kernels (busy time of the
+engine process from the runtime's process registry; with async scheduling it counts the output
+copy stream's wait for the step too, so it can pass 100 %).
 """
 
 from __future__ import annotations
@@ -42,6 +47,26 @@ def smollm2_checkpoint() -> str:
     return str(gen.weights_cache_dir(gen.find_gguf(), torch.float32))
 
 
+def engine_busy_ns() -> int | None:
+    """Device busy time so far of this process's children (vLLM's engine core), from the runtime's
+    process registry (docs/tools.md); None where no child uses the runtime (the CPU platform)."""
+    try:
+        from neuron_tools import _registry
+    except ImportError:
+        return None
+    me = os.getpid()
+    total = None
+    for proc in _registry.processes():
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == me:
+            total = (total or 0) + sum(d.busy_ns for d in proc.devices)
+    return total
+
+
 def run_one(args) -> dict:
     """In a child process: one platform's measurement, printed as JSON."""
     from vllm import LLM, SamplingParams
@@ -54,19 +79,25 @@ def run_one(args) -> dict:
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     best = None
     for _ in range(args.repeats):
+        busy = engine_busy_ns()
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         if best is None or tokens / seconds > best["tokens_per_s"]:
-            best = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+            best = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                    # the share of the batch's wall time the device ran kernels (the rest it waited for the host)
+                    "device_busy": None if busy is None else (engine_busy_ns() - busy) / 1e9 / seconds}
     best["platform"] = current_platform.device_type
+    best["async_scheduling"] = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     best["texts"] = [o.outputs[0].text for o in outputs]
     return best
 
 
 def measure(platform: str, args, model: str) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TORCH_NEURONX_VLLM="1" if platform == "neuron" else "0")
+    if args.async_scheduling:  # ours (the CPU platform turns it off whatever is asked)
+        env["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"
     if args.threads:  # the engine core is a process of its own: its threads are set by environment
         if platform == "cpu":
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
@@ -91,6 +122,8 @@ def main() -> int:
     p.add_argument("--kv-cache-mib", type=int, default=256)
     p.add_argument("--threads", type=int, default=0, help="engine threads of both (default: vLLM's choice)")
     p.add_argument("--eager", action="store_true", help="enforce_eager=True for both (default: compiled)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 for ours (default: off; the CPU platform: always off)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -99,7 +132,9 @@ def main() -> int:
     model = args.model or smollm2_checkpoint()
     results = {name: measure(name, args, model) for name in ("neuron", "cpu")}
     for name, r in results.items():
-        print(f"{name:>6} ({r['platform']}): {r['tokens']} tokens in {r['seconds']:.2f} s = {r['tokens_per_s']:.1f} tokens/s")
+        busy = "" if r.get("device_busy") is None else f", device busy {100 * r['device_busy']:.0f}% of the time"
+        print(f"{name:>6} ({r['platform']}): {r['tokens']} tokens in {r['seconds']:.2f} s = {r['tokens_per_s']:.1f} tokens/s "
+              f"(async scheduling {'on' if r['async_scheduling'] else 'off'}{busy})")
     same = results["neuron"]["texts"] == results["cpu"]["texts"]
     print(f"ratio neuron/cpu throughput: {results['neuron']['tokens_per_s'] / results['cpu']['tokens_per_s']:.2f}x "
           f"({args.prompts} prompts x {args.max_tokens} tokens, threads={args.threads or 'vLLM default'}, "

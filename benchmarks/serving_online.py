@@ -95,6 +95,8 @@ def measure(platform: str, args, model: str) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TORCH_NEURONX_VLLM="1" if platform == "neuron" else "0")
+    if args.async_scheduling:  # ours (the CPU platform turns it off whatever is asked)
+        env["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"
     if platform == "cpu":
         # vLLM's own switch: under `vllm serve` it does not find the CPU platform by itself.
         env["VLLM_TARGET_DEVICE"] = "cpu"
@@ -108,7 +110,8 @@ def measure(platform: str, args, model: str) -> dict:
     server = subprocess.Popen(
         [vllm, "serve", model, "--served-model-name", "m", "--dtype", "float32", "--max-model-len", "512",
          "--max-num-seqs", str(args.requests), "--kv-cache-memory-bytes", str(args.kv_cache_mib << 20),
-         "--host", "127.0.0.1", "--port", str(port)] + (["--enforce-eager"] if args.eager else []), stdout=log, stderr=subprocess.STDOUT, env=env)
+         "--host", "127.0.0.1", "--port", str(port)] + (["--enforce-eager"] if args.eager else []),
+        stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         while True:
             if server.poll() is not None:
@@ -152,6 +155,8 @@ def main() -> int:
     p.add_argument("--clients", default="1,4,16", help="concurrent streaming clients of the latency rounds")
     p.add_argument("--threads", type=int, default=0, help="engine threads of both (default: vLLM's choice)")
     p.add_argument("--eager", action="store_true", help="--enforce-eager for both servers")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 for ours (default: off; the CPU platform: always off)")
     args = p.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     model = args.model or smollm2_checkpoint()
@@ -171,7 +176,8 @@ def main() -> int:
         for c in args.clients:
             n, u = results["neuron"]["latency"][c], results["cpu"]["latency"][c]
             print(f"ratio neuron/cpu at {c} clients: TTFT {n['ttft'] / u['ttft']:.2f}x, ITL {n['itl'] / u['itl']:.2f}x")
-    print(f"threads={args.threads or 'vLLM default'}, {'eager' if args.eager else 'compiled'}; "
+    print(f"threads={args.threads or 'vLLM default'}, {'eager' if args.eager else 'compiled'}"
+          f"{', async scheduling (ours)' if args.async_scheduling else ''}; "
           f"load {open('/proc/loadavg').read().split()[:3]}")
     return 0
 

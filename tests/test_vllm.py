@@ -22,7 +22,8 @@ from conftest import run_python
 # is imported (vllm/v1/worker/cpu/shm.py); the in-process engine imports it into this test
 # process, so the originals are kept here, before vLLM is imported, and put back after.
 PATCHED_BY_VLLM = [(torch, "Event"), (torch.cuda, "Event"), (torch.cuda, "Stream"), (torch.cuda, "set_stream"),
-                   (torch.cuda, "current_stream"), (torch.cuda, "stream"), (torch.accelerator, "synchronize"),
+                   (torch.cuda, "current_stream"), (torch.cuda, "stream"), (torch.cuda, "default_stream"),
+                   (torch.accelerator, "synchronize"),
                    (torch.accelerator, "empty_cache"), (torch.accelerator, "get_memory_info"),
                    (torch.Tensor, "pin_memory"), (torch.Tensor, "record_stream")]
 ORIGINALS = [(owner, name, getattr(owner, name)) for owner, name in PATCHED_BY_VLLM]
@@ -72,6 +73,7 @@ def engine(smollm2):
     saved_env = dict(os.environ)  # vLLM and our platform set variables for their processes
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"  # off by default; the tests below run with it
     threads = torch.get_num_threads()  # vLLM lowers it for serving; the suite's other tests want it back
     llm = vllm.LLM(model=str(path), dtype="float32", max_model_len=512, seed=0,
                    kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8)
@@ -278,15 +280,58 @@ def test_vllm_command_keeps_the_cpu_platform_switch():
         assert proc.stdout.strip().splitlines()[-1] == device, proc.stdout
 
 
-def test_compat_hooks_exist_in_this_vllm():
-    """The one private vLLM helper we use (_compat.py): a vLLM upgrade that drops it fails here first."""
+def test_compat_steps_match_this_vllm():
+    """The version-gated steps of _compat.py: a vLLM upgrade that changes what they answer fails here first.
+    vLLM's CPU worker module still swaps torch's stream and event API for no-op stand-ins (so the
+    engine process must map it back to the device), and its GPU runner still builds its async
+    scheduling on that torch.cuda API (so mapping it to the device is what makes async scheduling work)."""
+    import inspect
+
     import vllm
+    from vllm.v1.worker import gpu_model_runner
 
     from torch_neuronx.vllm import _compat
 
-    with _compat.no_cuda_streams():
-        assert torch.cuda.Stream().wait_stream is not None
     assert vllm.__version__.split("+")[0] == _compat.VLLM_VERSION
+    source = inspect.getsource(gpu_model_runner.AsyncGPUModelRunnerOutput)
+    assert "torch.cuda.Event(" in source and "torch.cuda.stream(" in source
+    code = ("import torch, torch_neuronx, vllm.v1.worker.cpu.shm; "
+            "print(type(torch.cuda.Event()).__name__, torch.Tensor.pin_memory is torch._C.TensorBase.pin_memory)")
+    proc = run_python(code)
+    assert proc.stdout.split()[-2:] == ["_EventPlaceholder", "False"], proc.stdout
+
+
+def test_async_scheduling_runs_on_device_streams_and_events(engine):
+    """vLLM's async scheduling is on (TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 in the fixture), and the GPU runner's
+    streams and events are the device's, so its output copy and input-buffer guard order real
+    work; the greedy and seeded-sampling tests of this module run with it."""
+    from vllm.platforms import current_platform
+
+    assert engine.llm_engine.vllm_config.scheduler_config.async_scheduling is True
+    runner = _runner(engine)
+    assert runner.use_async_scheduling
+    assert isinstance(runner.async_output_copy_stream, torch.neuron.Stream)
+    assert runner.async_output_copy_stream.device.type == "neuron"
+    assert runner.async_output_copy_stream != torch.neuron.current_stream()
+    assert isinstance(runner.prepare_inputs_event, torch.neuron.Event)
+    # Pinned host buffers: their non_blocking copies to the device are queued.
+    assert current_platform.is_pin_memory_available()
+    assert runner.input_ids.cpu.is_pinned() and runner.query_start_loc.cpu.is_pinned()
+    # The torch.cuda calls the runner makes act on the device: a copy made under the side
+    # stream after waiting for the current one reads the current stream's result.
+    a = torch.randn(256, 256)
+    x = a.to("neuron")
+    side = torch.cuda.Stream()
+    y = x @ x
+    with torch.cuda.stream(side):
+        assert torch.cuda.current_stream() == side
+        side.wait_stream(torch.neuron.default_stream())
+        host = y.to("cpu", non_blocking=True)
+        done = torch.cuda.Event(blocking=True)
+        done.record()
+    assert torch.cuda.current_stream() == torch.neuron.default_stream()
+    done.synchronize()
+    torch.testing.assert_close(host, a @ a, rtol=1e-4, atol=1e-4)
 
 
 SPAWNED = r"""
@@ -300,9 +345,10 @@ def main():
                         use_tqdm=False)[0].outputs[0].text
     blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     mode = int(llm.llm_engine.vllm_config.compilation_config.mode)
+    async_scheduling = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     pid = llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
     llm.llm_engine.engine_core.shutdown()
-    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode}))
+    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode, "async": async_scheduling}))
 
 if __name__ == "__main__":
     main()
@@ -318,10 +364,13 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(path)!r}]; runpy.run_path({str(script)!r}, "
                       "run_name='__main__')", env={"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1",
                                                     "VLLM_ENABLE_V1_MULTIPROCESSING": None,
-                                                    "TORCH_NEURONX_VLLM_COMPILE": "0"})
+                                                    "TORCH_NEURONX_VLLM_COMPILE": "0",
+                                                    # the default (the in-process engine's fixture sets it)
+                                                    "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": None})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["text"].startswith(" Paris"), result
     assert result["mode"] == 0, result  # TORCH_NEURONX_VLLM_COMPILE=0: eager (CompilationMode.NONE)
+    assert result["async"] is False, result  # off unless TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1
     # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
     # whole blocks. The caching allocator rounds each allocation up to a quarter step between
     # powers of two, so the weights hold up to a quarter more than their bytes and the one
@@ -389,7 +438,8 @@ def server(smollm2, tmp_path_factory):
          "--max-model-len", "256", "--max-num-seqs", str(SERVER_SEQS), "--enforce-eager",
          "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
-        env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None}))
+        env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                        "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "1"}))  # the server tests run with it
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -571,7 +621,7 @@ def placement(worker):
     group = get_tp_group()
     weights = {p.device for p in worker.model_runner.model.parameters()}
     return {"rank": group.rank_in_group, "backend": torch.distributed.get_backend(group.device_group),
-            "devices": sorted(str(d) for d in weights)}
+            "devices": sorted(str(d) for d in weights), "async": worker.model_runner.use_async_scheduling}
 
 def main():
     llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, seed=0,
@@ -592,7 +642,7 @@ if __name__ == "__main__":
 
 def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
     """`tensor_parallel_size=2`: rank i on neuron:i, its collectives on our c10d backend, greedy
-    tokens equal to Transformers' on CPU, the engine core's prompt exit. SmolLM2-135M has 9
+    tokens equal to Transformers' on CPU with async scheduling on, the engine core's prompt exit. SmolLM2-135M has 9
     attention heads (not divisible by 2): a small random Llama with its tokenizer instead."""
     import shutil
 
@@ -616,11 +666,13 @@ def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
     proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(tiny)!r}, {json.dumps(prompt_ids)!r}]; "
                       f"runpy.run_path({str(script)!r}, run_name='__main__')",
                       env={"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
-                           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})  # collective_rpc of a function
+                           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc of a function
+                           "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "1"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     for r in result["ranks"]:
         assert r["backend"] == "neuron" and r["devices"] == [f"neuron:{r['rank']}"], result["ranks"]
+        assert r["async"], result["ranks"]  # asked for: vLLM's multiproc executor schedules ahead under TP too
     for ids, got in zip(prompt_ids, result["ids"]):
         with torch.no_grad():
             ref = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,

@@ -1,11 +1,4 @@
-"""The version-gated steps of the plugin, in one place (tests/test_vllm.py checks them).
-
-vLLM's GPU model runner creates CUDA streams and events in its constructor
-(``torch.cuda.Stream()``, ``torch.Event()``); on a CPU-only torch they cannot be
-built. vLLM's CPU runner stubs them for the duration of the constructor with a
-private helper (``vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper``); we reuse
-it, and fail with a clear message when a vLLM version no longer has it.
-"""
+"""The version-gated steps of the plugin, in one place (tests/test_vllm.py checks them)."""
 
 from __future__ import annotations
 
@@ -14,17 +7,6 @@ import sys
 
 # The vLLM release the plugin is written against (scripts/install.sh installs it).
 VLLM_VERSION = "0.32.0"
-
-
-def no_cuda_streams() -> contextlib.AbstractContextManager:
-    from vllm.v1.worker import cpu_model_runner
-
-    wrapper = getattr(cpu_model_runner, "_torch_cuda_wrapper", None)
-    if wrapper is None:
-        raise RuntimeError(
-            "torch-neuronx's vLLM plugin needs vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper "
-            f"(vLLM {VLLM_VERSION}); this vLLM does not have it.")
-    return wrapper()
 
 
 # vLLM 0.32's vllm/v1/worker/cpu/shm.py, imported first by its CPU worker module (which
@@ -37,6 +19,33 @@ def restore_accelerator_functions() -> None:
     torch.accelerator.synchronize = lambda device=None: torch.neuron.synchronize(device)
     torch.accelerator.empty_cache = torch.neuron.empty_cache
     torch.accelerator.get_memory_info = lambda device=None: torch.neuron.mem_get_info(device)
+    # Its pin_memory() returns the tensor unpinned and record_stream does nothing; the
+    # tensor methods are torch's own C ones again (pinned memory is what makes the runner's
+    # non_blocking copies queued instead of waiting for the device: platform.py).
+    for name in ("pin_memory", "record_stream"):
+        if name in vars(torch.Tensor):
+            delattr(torch.Tensor, name)
+
+
+# vLLM 0.32's GPU model runner (NeuronModelRunner builds on it) makes its streams and events
+# with torch.cuda.Stream / torch.cuda.Event / torch.Event and switches streams with
+# torch.cuda.current_stream / torch.cuda.stream, also in AsyncGPUModelRunnerOutput (async
+# scheduling: the sampled tokens' copy to the host on a side stream, and the event that keeps
+# the next step from rewriting host input buffers a queued copy still reads). vLLM offers no
+# platform hook for them; its CPU worker module (shm.py, above) replaces them process-wide
+# with no-op placeholders, and its XPU runner maps them to torch.xpu. In an engine process
+# they are the neuron device's, so these events and stream switches order real device work.
+def neuron_streams_for_cuda_calls() -> None:
+    import torch
+
+    torch.Event = torch._C.Event  # torch's own; its default device is the accelerator (neuron)
+    # Functions of their own, not torch.neuron's objects: Dynamo keys its handlers on them.
+    torch.cuda.Stream = torch.neuron.Stream
+    torch.cuda.Event = lambda *args, **kwargs: torch.neuron.Event(*args, **kwargs)
+    torch.cuda.current_stream = lambda device=None: torch.neuron.current_stream(device)
+    torch.cuda.default_stream = lambda device=None: torch.neuron.default_stream(device)
+    torch.cuda.stream = lambda stream: torch.neuron.stream(stream)
+    torch.cuda.set_stream = lambda stream: torch.neuron.set_stream(stream)
 
 
 # vLLM 0.32's triton_utils.dispatcher rebinds its kernel overrides by scanning every

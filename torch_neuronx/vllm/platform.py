@@ -16,6 +16,7 @@ import torch
 from vllm.platforms.cpu import CpuPlatform
 from vllm.platforms.interface import PlatformEnum
 
+from .._env import parse_flag
 from . import env_flag
 
 WORKER = "torch_neuronx.vllm.worker.NeuronWorker"
@@ -24,6 +25,12 @@ WORKER = "torch_neuronx.vllm.worker.NeuronWorker"
 KVCACHE_ENV = "VLLM_NEURON_KVCACHE_SPACE"
 # "0": the model runs eagerly even where vLLM would compile it (as enforce_eager=True).
 COMPILE_ENV = "TORCH_NEURONX_VLLM_COMPILE"
+# "1": async scheduling as vLLM decides it (on by default); unset or "0": off.
+ASYNC_SCHEDULING_ENV = "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"
+
+
+def async_scheduling_from_env() -> bool:
+    return parse_flag(ASYNC_SCHEDULING_ENV, os.environ.get(ASYNC_SCHEDULING_ENV, "").strip(), False)
 
 
 def kv_cache_bytes_from_env() -> int | None:
@@ -69,6 +76,13 @@ class NeuronPlatform(CpuPlatform):
         return torch.neuron.mem_get_info(device_id)[1]
 
     @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # The runner's host buffers are pinned, so their non_blocking copies to the device are
+        # queued (docs/runtime.md): with async scheduling the next step's inputs are prepared
+        # and sent while the device still runs the previous step.
+        return True
+
+    @classmethod
     def set_device(cls, device: torch.device) -> None:
         torch.neuron.set_device(device)
 
@@ -108,8 +122,14 @@ class NeuronPlatform(CpuPlatform):
         if cache_bytes is not None and cache_config.kv_cache_memory_bytes is None:
             cache_config.kv_cache_memory_bytes = cache_bytes
 
-        # No overlap of scheduling with execution: the host runtime gains nothing from it.
-        vllm_config.scheduler_config.async_scheduling = False
+        # Async scheduling (the host prepares step n+1 while the device runs step n) works on
+        # the device's streams and events (model_runner.py), but is off unless asked for: on
+        # this project's 2-core host a decode step is device-bound (the device ran kernels
+        # ~92% of the step without it) and the host's Python running beside the device's
+        # thread slowed the matmuls more than the overlap saved (docs/serving.md). vLLM has
+        # already decided it here, so an explicit --async-scheduling is not seen either.
+        if not async_scheduling_from_env():
+            vllm_config.scheduler_config.async_scheduling = False
 
         parallel_config = vllm_config.parallel_config
         if parallel_config.worker_cls == "auto":

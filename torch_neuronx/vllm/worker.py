@@ -23,6 +23,7 @@ from . import _compat, fast_exit
 from .model_runner import NeuronModelRunner
 
 _compat.restore_accelerator_functions()
+_compat.neuron_streams_for_cuda_calls()
 
 # Under "vllm." so that vLLM's logging configuration shows it.
 logger = init_logger("vllm.torch_neuronx.worker")
