@@ -115,6 +115,39 @@ def test_static_inputs_are_used_in_place():
     assert graphs.graph_stats()["replays"] == 7
 
 
+def test_a_parameter_that_moves_is_captured_again():
+    # Same Parameter object, new storage: Dynamo's guards pass, the graph reads
+    # the old address, so the replay's static-address check must capture again.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    lin_n = copy.deepcopy(lin).to("neuron")
+    f = _compile(lin_n)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_same(f(x.to("neuron")), lin(x), **TOL)
+        assert graphs.graph_stats() == {"captures": 1, "replays": 2, "fallbacks": 0}
+        lin.weight.data = torch.randn(3, 4)
+        lin_n.weight.data = lin.weight.data.to("neuron")
+        assert_same(f(x.to("neuron")), lin(x), **TOL)
+    assert graphs.graph_stats() == {"captures": 2, "replays": 3, "fallbacks": 0}
+
+
+def test_static_address_check_matches_data_ptr():
+    from torch_neuronx._C import _tensors_data_ptrs_at_indices_equal as equal
+
+    ts = [torch.zeros(2, device="neuron") for _ in range(4)]
+    ptrs = [ts[i].data_ptr() for i in (1, 3)]
+    assert equal(ts, ptrs, [1, 3])
+    assert not equal([ts[0], ts[1], ts[2], torch.zeros(2, device="neuron")], ptrs, [1, 3])
+    with pytest.raises(RuntimeError, match="as many data pointers as indices"):
+        equal(ts, ptrs, [1])
+    with pytest.raises(RuntimeError, match="out of range"):
+        equal(ts, ptrs, [1, 4])
+    with pytest.raises(RuntimeError, match="not a tensor"):
+        equal([ts[0], 3], ptrs[:1], [1])
+
+
 def test_outputs_are_overwritten_by_the_next_replay():
     f = _compile(lambda x: x * 3)
     a, b, c = (torch.full((4,), v, device="neuron") for v in (1.0, 2.0, 5.0))

@@ -1,6 +1,7 @@
 // torch_neuronx._C: the Python entry to the runtime and the integration.
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 #include <ATen/Context.h>
@@ -25,6 +26,29 @@ void register_compiled_kernels(py::module& m);  // CompiledKernels.cpp
 }
 
 namespace {
+
+// A compiled graph's replay checks that its static inputs (a decode step's
+// few hundred parameters and cache tensors) are still where the capture saw
+// them. Per call in Python that was ~120 us of cache-cold attribute calls; the
+// CUDA graph trees do the same check in C++ (_tensors_data_ptrs_at_indices_equal).
+bool tensors_data_ptrs_at_indices_equal(const py::list& tensors, const py::list& ptrs, const py::list& indices) {
+  const Py_ssize_t n = PyList_GET_SIZE(indices.ptr());
+  TORCH_CHECK(PyList_GET_SIZE(ptrs.ptr()) == n, "expected as many data pointers as indices, got ",
+              PyList_GET_SIZE(ptrs.ptr()), " and ", n);
+  const Py_ssize_t size = PyList_GET_SIZE(tensors.ptr());
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    const Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(indices.ptr(), k));
+    if (i == -1 && PyErr_Occurred()) throw py::error_already_set();
+    TORCH_CHECK(i >= 0 && i < size, "index ", i, " out of range for ", size, " inputs");
+    PyObject* item = PyList_GET_ITEM(tensors.ptr(), i);
+    TORCH_CHECK(THPVariable_Check(item), "input ", i, " is not a tensor");
+    const auto ptr = reinterpret_cast<uintptr_t>(THPVariable_Unpack(item).data_ptr());
+    const auto expected = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ptrs.ptr(), k));
+    if (expected == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw py::error_already_set();
+    if (ptr != expected) return false;
+  }
+  return true;
+}
 
 // Called at interpreter exit (atexit, before finalization). The autograd
 // engine's neuron device threads finish a backward after waking its caller
@@ -112,6 +136,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
   m.def("_launch_blocking", [] { return neuronrt::launch_blocking(); });
   m.def("_graph_pool_handle", &at::neuron::graph_pool_handle, "a new memory pool id for graphs to share");
+  m.def("_tensors_data_ptrs_at_indices_equal", &tensors_data_ptrs_at_indices_equal, py::arg("tensors"),
+        py::arg("ptrs"), py::arg("indices"), "whether tensors[i].data_ptr() == ptrs[k] for each i = indices[k]");
   m.def("_is_current_stream_capturing", &at::neuron::is_current_stream_capturing);
   m.def("_check_configuration", [] { at::neuron::rt_call([] { neuronrt::check_configuration(); }); });
   m.def("_current_device", [] { return neuronrt::current_device(); });

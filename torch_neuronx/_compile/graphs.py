@@ -29,6 +29,8 @@ import torch
 from torch._inductor.cudagraph_utils import CUDAGraphPolicy
 from torch._inductor.output_code import CompiledFxGraph
 
+from .._C import _tensors_data_ptrs_at_indices_equal
+
 log = logging.getLogger(__name__)
 
 _stats = {"captures": 0, "replays": 0, "fallbacks": 0}
@@ -107,7 +109,7 @@ class GraphedCompiledFn:
         if self.reason is None:
             key = self._key(inputs)
             entry = self.graphs.get(key)
-            if entry is not None and [inputs[i].data_ptr() for i in entry.static_idxs] == entry.static_ptrs:
+            if entry is not None and _tensors_data_ptrs_at_indices_equal(inputs, entry.static_ptrs, entry.static_idxs):
                 return self._replay(entry, inputs)
             if entry is not None:
                 # A static input moved (e.g. a new KV cache): the graph reads
