@@ -18,6 +18,17 @@ def assert_same(neuron_out, cpu_out, **tol):
     torch.testing.assert_close(neuron_out.cpu(), cpu_out, **tol)
 
 
+def tiny_llama(**config):
+    """A 2-layer Llama with grouped key/value heads (4 query, 2 key/value), seeded, in
+    eval mode, on the CPU: the tests' small Transformers decoder."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(**{
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256, **config})
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def _child_env(env):
     """This process's environment without the device configuration (children
     read their own), plus ``env`` (a value of None removes the variable)."""

@@ -106,12 +106,9 @@ def _generate_module():
 def _tiny_llama():
     import copy
 
-    import torch
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    from conftest import tiny_llama
+
+    cpu = tiny_llama()
     return cpu, copy.deepcopy(cpu).to("neuron")
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from conftest import assert_same
+from conftest import assert_same, tiny_llama
 from torch_neuronx._compile import graphs
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -267,10 +267,7 @@ def test_default_mode_captures_nothing():
 
 def test_generate_with_static_cache_replays_one_graph_per_decode_step():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    cpu = tiny_llama()
     dev = copy.deepcopy(cpu).to("neuron")
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)

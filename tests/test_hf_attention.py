@@ -8,15 +8,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import assert_same  # noqa: E402
+from conftest import assert_same, tiny_llama  # noqa: E402
 from torch_neuronx import hf_attention  # noqa: E402
-
-
-def _tiny_llama():
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 class _Module(torch.nn.Module):
@@ -46,7 +39,7 @@ def test_forward_equals_sdpa_with_repeated_heads(q_len, mask_kind):
 
 
 def test_registered_and_selected_for_sdpa_models_only():
-    model = _tiny_llama()
+    model = tiny_llama()
     model.set_attn_implementation("eager")
     hf_attention.use_grouped_attention(model)
     assert model.config._attn_implementation == "eager"
@@ -60,7 +53,7 @@ def test_registered_and_selected_for_sdpa_models_only():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_static_cache_generate_equals_cpu_greedy(compiled):
-    cpu = _tiny_llama()
+    cpu = tiny_llama()
     cpu.set_attn_implementation("sdpa")
     dev = copy.deepcopy(cpu).to("neuron")
     hf_attention.use_grouped_attention(dev)

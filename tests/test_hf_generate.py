@@ -8,12 +8,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-
-def _tiny_llama():
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
+from conftest import tiny_llama  # noqa: E402
 
 
 def test_static_cache_compiled_decode_no_recompiles():
@@ -21,7 +16,7 @@ def test_static_cache_compiled_decode_no_recompiles():
 
     torch._dynamo.reset()
     counters.clear()
-    cpu = _tiny_llama()
+    cpu = tiny_llama()
     dev = copy.deepcopy(cpu).to("neuron")
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -43,7 +38,7 @@ def test_static_cache_compiled_decode_no_recompiles():
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_beam_search_and_attention_implementations_match_cpu(attn):
-    cpu = _tiny_llama()
+    cpu = tiny_llama()
     cpu.config._attn_implementation = attn
     dev = copy.deepcopy(cpu).to("neuron")
     ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(2))
@@ -56,7 +51,7 @@ def test_beam_search_and_attention_implementations_match_cpu(attn):
 
 
 def test_seeded_sampling_is_reproducible_on_neuron():
-    dev = _tiny_llama().to("neuron")
+    dev = tiny_llama().to("neuron")
     ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(3)).to("neuron")
     kw = dict(max_new_tokens=12, do_sample=True, top_k=20, temperature=1.5)
     torch.manual_seed(7)
