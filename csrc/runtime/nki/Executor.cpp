@@ -168,9 +168,7 @@ struct StretchPlan {
   struct Out {
     int64_t rows, bytes;  // partitions [0, rows) stream `bytes` each
   };
-  Out outs[16];
-  int nouts = 0;
-  bool overflow = false;           // more streamed records than outs: summed per step
+  std::vector<Out> outs;
   Prefetch::Range ranges[Prefetch::kMaxRanges];
   int nranges = 0;
   int64_t fetch_rows = 0;          // the ranges hold rows [0, fetch_rows)
@@ -178,19 +176,9 @@ struct StretchPlan {
   int64_t i = 0, j = 0;
 
   // Bytes the stretch stores with streaming stores on partitions [p, pe).
-  int64_t streamed(const Program& prog, int64_t p, int64_t pe) const {
+  int64_t streamed(int64_t p, int64_t pe) const {
     int64_t bytes = 0;
-    if (overflow) {
-      for (int64_t k = i; k < j; ++k) {
-        const int64_t op = prog.record(k)[0];
-        if (op == OP_FILL || op == OP_NOP || op == OP_MM) continue;
-        const View& dst = prog.view(k, 0);
-        if (prog.streamed(dst.buf) && dst.run > 0)
-          bytes += std::max<int64_t>(0, std::min(pe, dst.shape[0]) - p) * dst.run * itemsize(prog.dtypes()[dst.buf]);
-      }
-      return bytes;
-    }
-    for (int k = 0; k < nouts; ++k) bytes += std::max<int64_t>(0, std::min(pe, outs[k].rows) - p) * outs[k].bytes;
+    for (const Out& o : outs) bytes += std::max<int64_t>(0, std::min(pe, o.rows) - p) * o.bytes;
     return bytes;
   }
   // Starts `pf` on rows [p, pe) of the ranges, spread over `streamed` bytes of stores.
@@ -211,17 +199,16 @@ struct StretchPlan {
 // whose rows are mostly gaps is not worth its lines.
 void plan_stretch(const Ctx& c, int64_t i, int64_t j, StretchPlan& plan) {
   const Program& prog = *c.program;
-  plan = StretchPlan();
-  plan.i = i, plan.j = j;
+  plan.outs.clear();  // keeps its capacity: plans are made per stretch run
+  plan.nranges = 0;
   plan.fetch_rows = kPartitions;
+  plan.fetch_per_row = 0;
+  plan.i = i, plan.j = j;
   for (int64_t k = i; k < j; ++k) {
     const int64_t* w = prog.record(k);
     if (w[0] == OP_FILL || w[0] == OP_NOP || w[0] == OP_MM) continue;
     const View& dst = prog.view(k, 0);
-    if (prog.streamed(dst.buf) && dst.run > 0) {
-      if (plan.nouts == int(std::size(plan.outs))) plan.overflow = true;
-      else plan.outs[plan.nouts++] = {dst.shape[0], dst.run * itemsize(prog.dtypes()[dst.buf])};
-    }
+    if (prog.streamed(dst.buf) && dst.run > 0) plan.outs.push_back({dst.shape[0], dst.run * itemsize(prog.dtypes()[dst.buf])});
     for (int slot = 1; slot < kMaxViews && plan.nranges < Prefetch::kMaxRanges; ++slot) {
       if (w[0] == OP_ACT && slot == w[8]) continue;  // reduce_res: written
       const View& v = prog.view(k, slot);
@@ -364,10 +351,10 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     if (next.i == i && next.j == j) std::swap(here, next);
     else plan_stretch(c, i, j, here);
     if (ahead) plan_stretch(c, j, stretch_end(j), next);
-    else next = StretchPlan();
+    else next.i = next.j = 0;  // no stretch is [0, 0)
     for (int64_t p = lo; p < hi; p += block) {
       const int64_t pe = std::min(p + block, hi);
-      const int64_t out = here.streamed(prog, p, pe);
+      const int64_t out = here.streamed(p, pe);
       if (pe < hi) here.prefetch(pe, std::min(pe + block, hi), out, sc.prefetch);
       else if (ahead) next.prefetch(lo, std::min(lo + block, hi), out, sc.prefetch);
       else sc.prefetch.clear();
