@@ -1,8 +1,22 @@
 // Prepared structured kernels for graph replays (ReplayKernels.h).
+
+// The wheel's x86-64 build has AVX2 and AVX512 kernels: declaring them makes
+// a DispatchStub call here (sum_stub, copy_stub) pick the kernel ATen picks
+// (as in DirectKernels.cpp).
+#if defined(__x86_64__)
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+
 #include "ReplayKernels.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/native/Copy.h>
+#include <ATen/native/ReduceOps.h>
+#include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/ops/add_native.h>
 #include <ATen/ops/cat_native.h>
 #include <ATen/ops/div_native.h>
@@ -214,8 +228,66 @@ struct DimReduction {
   at::OptionalIntArrayRef ref() const { return dims ? at::OptionalIntArrayRef(*dims) : std::nullopt; }
 };
 
-template <class Native>
+// A sum over dims with its reduction iterator built once: ATen's CPU sum_out
+// impl builds it per call (make_reduction_from_out_ty, a few µs for a
+// 576-float row) and runs sum_stub over it; its CPU mean_out is that sum
+// followed by div_(the number of reduced elements), prepared here too.
+class ReductionCall final : public ReplayCall {
+ public:
+  ReductionCall(Args args, at::TensorIterator iter, std::unique_ptr<ReplayCall> divide)
+      : args_(std::move(args)), iter_(std::move(iter)), divide_(std::move(divide)) {}
+  void run() override {
+    at::native::sum_stub(at::kCPU, iter_);
+    if (divide_) divide_->run();
+  }
+  bool rerunnable() const override { return !divide_ || divide_->rerunnable(); }
+
+ private:
+  Args args_;  // keeps the operands alive (the iterator holds its own views)
+  at::TensorIterator iter_;
+  std::unique_ptr<ReplayCall> divide_;
+};
+
+template <class Native, bool kMean>
 Factory dim_reduction() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 4 || !a[0].isTensor() || !(a[1].isNone() || a[1].isIntList()) || !a[2].isBool()) return nullptr;
+    DimReduction r;
+    if (!a[1].isNone()) r.dims = a[1].toIntVector();
+    const at::Tensor& self = a[0].toTensor();
+    const bool keepdim = a[2].toBool();
+    FixedMeta<Native> checked(out);  // the op's checks and output size, once
+    checked.meta(self, r.ref(), keepdim, a[3].toOptional<at::ScalarType>());
+    // The iterator must read `self` itself (no converted copy: same dtype as
+    // the output) and sum in the output's dtype (reduced-precision outputs
+    // go through an fp32 buffer in ATen); an empty input zeroes instead.
+    if (!self.device().is_cpu() || self.scalar_type() != out.scalar_type() ||
+        at::isReducedFloatingType(out.scalar_type()) || self.numel() == 0) {
+      return nullptr;
+    }
+    at::TensorIterator iter = at::meta::make_reduction_from_out_ty(self, out, r.ref(), keepdim, out.scalar_type());
+    if (iter.numel() == 0) return nullptr;
+    std::unique_ptr<ReplayCall> divide;
+    if constexpr (kMean) {
+      // mean_out's divisor, as ATen computes it.
+      int64_t count = 1;
+      if (!r.dims || r.dims->empty() || self.dim() == 0) {
+        count = self.numel();
+      } else {
+        for (int64_t d : *r.dims) count *= self.size(d);
+      }
+      at::Tensor divisor = c10::scalar_to_tensor(at::Scalar(count));
+      divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
+      divide = binary<at::native::structured_div_out>()(Args{out, divisor}, out);
+      if (!divide) return nullptr;
+    }
+    return std::make_unique<ReductionCall>(a, std::move(iter), std::move(divide));
+  };
+}
+
+// Other sum/mean calls: meta once, ATen's impl per run.
+template <class Native>
+Factory dim_reduction_impl() {
   return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
     if (a.size() != 4 || !a[0].isTensor() || !(a[1].isNone() || a[1].isIntList()) || !a[2].isBool()) return nullptr;
     return meta_call<Native, DimReduction>(
@@ -232,6 +304,33 @@ Factory dim_reduction() {
   };
 }
 
+// The first factory that prepares the call.
+Factory first_of(Factory a, Factory b) {
+  return [a, b](const Args& args, const at::Tensor& out) {
+    std::unique_ptr<ReplayCall> call = a(args, out);
+    return call ? std::move(call) : b(args, out);
+  };
+}
+
+// cat: meta once. ATen's CPU impl copies each input through a TensorIterator
+// it builds per call (after narrowing the output), unless a serial kernel
+// takes all-contiguous inputs: those copies are built once here and each run
+// only copies (the same bytes: a copy is exact whatever the iterator's
+// layout). The serial case keeps calling impl (it builds nothing).
+class CatCopies final : public ReplayCall {
+ public:
+  CatCopies(Args args, std::vector<at::TensorIterator> copies)
+      : args_(std::move(args)), copies_(std::move(copies)) {}
+  void run() override {
+    for (at::TensorIterator& copy : copies_) at::native::copy_stub(at::kCPU, copy, /*non_blocking=*/false);
+  }
+  bool rerunnable() const override { return true; }
+
+ private:
+  Args args_;
+  std::vector<at::TensorIterator> copies_;
+};
+
 Factory cat() {
   struct State {
     std::vector<at::Tensor> tensors;
@@ -241,17 +340,38 @@ Factory cat() {
   };
   return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
     if (a.size() != 2 || !a[0].isTensorList() || !a[1].isInt()) return nullptr;
+    auto meta = [](auto& k, const Args& x) {
+      std::vector<at::Tensor> tensors = x[0].toTensorVector();
+      auto p = k.meta(at::ITensorListRef(tensors), x[1].toInt());
+      return State{std::move(tensors), p.dim, p.valid, p.all_contiguous, p.all_same_dtype,
+                   p.all_same_sizes_and_stride, p.memory_format};
+    };
+    FixedMeta<at::native::structured_cat_out_cpu> checked(out);
+    const State s = meta(checked, a);
+    const bool serial = out.numel() < at::internal::GRAIN_SIZE || at::get_num_threads() == 1;
+    if (out.numel() > 0 && !(serial && s.all_contiguous && s.all_same_dtype)) {
+      std::vector<at::TensorIterator> copies;
+      int64_t offset = 0;
+      for (const at::Tensor& t : s.tensors) {
+        if (t.numel() == 0 && t.dim() == 1) continue;  // legacy empty inputs, skipped as ATen does
+        const int64_t n = t.size(s.dim);
+        copies.push_back(at::TensorIteratorConfig()
+                             .set_check_mem_overlap(false)
+                             .resize_outputs(false)
+                             .add_owned_output(out.narrow(s.dim, offset, n))
+                             .add_owned_const_input(t)
+                             .promote_inputs_to_common_dtype(true)
+                             .cast_common_dtype_to_outputs(true)
+                             .enforce_safe_casting_to_output(true)
+                             .build());
+        offset += n;
+      }
+      return std::make_unique<CatCopies>(a, std::move(copies));
+    }
     return meta_call<at::native::structured_cat_out_cpu, State>(
-        a, out,
-        [](auto& k, const Args& x) {
-          std::vector<at::Tensor> tensors = x[0].toTensorVector();
-          auto p = k.meta(at::ITensorListRef(tensors), x[1].toInt());
-          return State{std::move(tensors), p.dim, p.valid, p.all_contiguous, p.all_same_dtype,
-                       p.all_same_sizes_and_stride, p.memory_format};
-        },
-        [](auto& k, const Args&, const State& s) {
-          k.impl(at::ITensorListRef(s.tensors), s.dim, s.valid, s.all_contiguous, s.all_same_dtype,
-                 s.all_same_sizes_and_stride, s.memory_format, k.out());
+        a, out, meta, [](auto& k, const Args&, const State& st) {
+          k.impl(at::ITensorListRef(st.tensors), st.dim, st.valid, st.all_contiguous, st.all_same_dtype,
+                 st.all_same_sizes_and_stride, st.memory_format, k.out());
         });
   };
 }
@@ -294,8 +414,10 @@ const std::unordered_map<std::string, Factory>& factories() {
     both("gelu", "", gelu());
     m.emplace("aten::pow.Tensor_Scalar_out", tensor_scalar<at::native::structured_pow_Tensor_Scalar_out>());
     m.emplace("aten::pow_.Scalar", tensor_scalar<at::native::structured_pow_Tensor_Scalar_out>());
-    m.emplace("aten::sum.IntList_out", dim_reduction<at::native::structured_sum_out>());
-    m.emplace("aten::mean.out", dim_reduction<at::native::structured_mean_out>());
+    m.emplace("aten::sum.IntList_out", first_of(dim_reduction<at::native::structured_sum_out, false>(),
+                                                dim_reduction_impl<at::native::structured_sum_out>()));
+    m.emplace("aten::mean.out", first_of(dim_reduction<at::native::structured_mean_out, true>(),
+                                         dim_reduction_impl<at::native::structured_mean_out>()));
     m.emplace("aten::cat.out", cat());
     m.emplace("aten::index_copy_", index_copy());
     return m;
