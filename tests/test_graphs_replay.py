@@ -117,6 +117,46 @@ def test_many_replays_of_a_long_chain():
     assert torch.equal(out.cpu(), _eager(chain, ref))
 
 
+# Prepared reductions, cat copies and index_copy_ at sizes past the intra-op
+# grain (ATen splits reductions and copies across threads there), over
+# non-contiguous inputs, with a legacy empty cat input, and with dtypes that
+# keep ATen's impl (an int32 sum into int64, a bfloat16 mean via fp32).
+def _sizes_and_layouts(x, y, pos):
+    rows = torch.cat((-x[:, 512:], x[:, :512], torch.empty(0, device=x.device)), dim=-1)
+    cache = torch.zeros(4, 96, 1024, device=x.device).index_copy_(1, pos, y.view(4, 16, 1024) * 2)
+    return (
+        x.pow(2).mean(-1, keepdim=True) + x.t().mean(0).unsqueeze(1),
+        x.sum(0) + y.sum(dim=(0, 1)) + y.t().sum(1),
+        rows * y,
+        cache.sum(1),
+        (x * 100).int().sum(1).float() + x.bfloat16().mean(1).float(),
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prepared_reductions_and_copies_at_other_sizes_and_layouts(threads):
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(64, 1024, generator=gen).to("neuron")
+        y = torch.randn(64, 1024, generator=gen).to("neuron")
+        pos = torch.arange(16, device="neuron") * 5
+        g, outs = _capture(_sizes_and_layouts, x, y, pos)
+        for k in range(2):
+            rx, ry = torch.randn(64, 1024, generator=gen), torch.randn(64, 1024, generator=gen)
+            rpos = torch.randperm(96, generator=gen)[:16]
+            x.copy_(rx)
+            y.copy_(ry)
+            pos.copy_(rpos)
+            g.replay()
+            expect = _sizes_and_layouts(rx.to("neuron"), ry.to("neuron"), rpos.to("neuron"))
+            for o, e in zip(outs, expect):
+                assert torch.equal(o.cpu(), e.cpu())
+    finally:
+        torch.set_num_threads(prev)
+
+
 def test_replay_failure_names_the_op_and_the_device_stays_usable():
     src = torch.arange(12, dtype=torch.float32, device="neuron").reshape(4, 3)
     idx = torch.tensor([0, 2], device="neuron")

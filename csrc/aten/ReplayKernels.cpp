@@ -15,6 +15,7 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/Copy.h>
+#include <ATen/native/IndexKernel.h>
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/ops/add_native.h>
@@ -376,18 +377,50 @@ Factory cat() {
   };
 }
 
-// index_copy_(self, dim, index, source), in place (out is self).
+// index_copy_(self, dim, index, source), in place (out is self): meta once,
+// and the iterator ATen's impl builds per call (self restrided not to advance
+// along `dim`, the index broadcast over it) built once; each run is the
+// kernel, which still checks every index value (a bad index fails that
+// replay, named).
+class IndexCopyCall final : public ReplayCall {
+ public:
+  IndexCopyCall(Args args, at::TensorIterator iter, int64_t dim, int64_t dim_size, int64_t dim_stride)
+      : args_(std::move(args)), iter_(std::move(iter)), dim_(dim), dim_size_(dim_size), dim_stride_(dim_stride) {}
+  void run() override { at::native::index_copy_stub(at::kCPU, iter_, dim_, dim_size_, dim_stride_); }
+  bool rerunnable() const override { return true; }
+
+ private:
+  Args args_;
+  at::TensorIterator iter_;
+  int64_t dim_, dim_size_, dim_stride_;
+};
+
 Factory index_copy() {
   return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
     if (a.size() != 4 || !a[0].isTensor() || !a[1].isInt() || !a[2].isTensor() || !a[3].isTensor()) return nullptr;
-    return meta_call<at::native::structured_index_copy_out, int64_t>(
-        a, out,
-        [](auto& k, const Args& x) {
-          return k.meta(x[0].toTensor(), x[1].toInt(), x[2].toTensor(), x[3].toTensor()).dim;
-        },
-        [](auto& k, const Args& x, int64_t dim) {
-          k.impl(x[0].toTensor(), dim, x[2].toTensor(), x[3].toTensor(), k.out());
-        });
+    const at::Tensor& self = a[0].toTensor();
+    const at::Tensor& index = a[2].toTensor();
+    const at::Tensor& source = a[3].toTensor();
+    if (!out.is_same(self) || !self.device().is_cpu()) return nullptr;
+    FixedMeta<at::native::structured_index_copy_out> checked(out);
+    const int64_t dim = checked.meta(self, a[1].toInt(), index, source).dim;
+    const at::Tensor result = self.dim() == 0 ? self.unsqueeze(0) : self;
+    const at::Tensor src = source.dim() == 0 ? source.unsqueeze(0) : source;
+    std::vector<int64_t> index_sizes(result.dim(), 1), index_strides(result.dim(), 0);
+    index_sizes[dim] = index.numel();
+    index_strides[dim] = index.dim() > 0 ? index.stride(0) : 1;
+    std::vector<int64_t> result_sizes = result.sizes().vec(), result_strides = result.strides().vec();
+    result_sizes[dim] = index.numel();
+    result_strides[dim] = 0;
+    at::TensorIterator iter = at::TensorIteratorConfig()
+                                  .set_check_mem_overlap(false)  // the zero stride along dim
+                                  .check_all_same_dtype(false)
+                                  .resize_outputs(false)
+                                  .add_owned_output(result.as_strided(result_sizes, result_strides))
+                                  .add_owned_const_input(index.as_strided(index_sizes, index_strides))
+                                  .add_owned_const_input(src)
+                                  .build();
+    return std::make_unique<IndexCopyCall>(a, std::move(iter), dim, result.size(dim), result.stride(dim));
   };
 }
 
