@@ -157,6 +157,26 @@ void weighted_sum(int64_t rows, int64_t S, int64_t E, const float* w, int64_t ld
   }
 }
 
+// The same sums (same order over s) for a head size known at compile time:
+// one query head at a time, its E sums held in registers across the keys
+// instead of loaded and stored per key (the value slab is re-read from cache
+// per head).
+template <int E>
+DECODE_ATTENTION_CLONES void weighted_sum_fixed(int64_t rows, int64_t S, const float* w, int64_t ldw, const float* v,
+                                                int64_t ldv, float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float a[E] = {};
+    const float* wr = w + r * ldw;
+    for (int64_t s = 0; s < S; ++s) {
+      const float p = wr[s];
+      if (p == 0.f) continue;  // masked keys
+      const float* vs = v + s * ldv;
+      for (int e = 0; e < E; ++e) a[e] += p * vs[e];
+    }
+    std::copy(a, a + E, acc + r * E);
+  }
+}
+
 // One (batch, key/value head) pair and the `group` query heads that share it.
 template <class T, class M>
 void run(const Problem& p) {
@@ -202,7 +222,11 @@ void run(const Problem& p) {
         lse[b * p.H + h0 + r] = max + std::log(sum);
       }
       auto [vf, ldv] = slab(v + b * p.v.s0 + hk * p.v.s1, p.v.s2, p.v.s3, S, E, vbuf);
-      weighted_sum(G, S, E, scores.data(), S, vf, ldv, acc.data());
+      if (E == 64) {
+        weighted_sum_fixed<64>(G, S, scores.data(), S, vf, ldv, acc.data());
+      } else {
+        weighted_sum(G, S, E, scores.data(), S, vf, ldv, acc.data());
+      }
       for (int64_t r = 0; r < G; ++r) {
         T* o = out + b * p.out.s0 + (h0 + r) * p.out.s1;
         for (int64_t e = 0; e < E; ++e) o[e * p.out.s3] = static_cast<T>(acc[r * E + e]);
