@@ -51,6 +51,8 @@ CASES = {
     + y.mean(1, dtype=torch.float32).to(y.dtype),
     "cat": lambda x, y: torch.cat([x, y * 2, x.t()], dim=1) + torch.cat([x[:, :3], y[:, 3:]], -1).sum(1, keepdim=True),
     "rotate_half": lambda x, y: x * y + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * y,
+    "where_fill_arange": lambda x, y: torch.where(x > y, x, y.t()) + x.clone().fill_(0.25) * y
+    + torch.arange(16, device=x.device, dtype=x.dtype) * 0.0625 * x + torch.arange(-6, 10, device=x.device).to(x.dtype) * 0.125,
     "index_copy": lambda x, y: x.clone().index_copy_(0, torch.arange(4, device=x.device) * 3 + 1, y[:4] * 2)
     + x.view(1, 16, 16).clone().index_copy_(1, torch.arange(2, device=x.device) + 5, y[None, :2]).view(16, 16),
 }

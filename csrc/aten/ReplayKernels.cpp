@@ -15,9 +15,12 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/Copy.h>
+#include <ATen/native/Fill.h>
 #include <ATen/native/IndexKernel.h>
+#include <ATen/native/RangeFactories.h>
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/ReduceOpsUtils.h>
+#include <ATen/native/TensorCompare.h>
 #include <ATen/ops/add_native.h>
 #include <ATen/ops/cat_native.h>
 #include <ATen/ops/div_native.h>
@@ -377,24 +380,32 @@ Factory cat() {
   };
 }
 
-// index_copy_(self, dim, index, source), in place (out is self): meta once,
-// and the iterator ATen's impl builds per call (self restrided not to advance
-// along `dim`, the index broadcast over it) built once; each run is the
-// kernel, which still checks every index value (a bad index fails that
-// replay, named).
-class IndexCopyCall final : public ReplayCall {
+// An op whose CPU kernel builds a TensorIterator per call and runs one
+// DispatchStub over it: the iterator is built once here, as ATen builds it,
+// and each run is `stub(iterator)`.
+template <class Stub>
+class IteratorCall final : public ReplayCall {
  public:
-  IndexCopyCall(Args args, at::TensorIterator iter, int64_t dim, int64_t dim_size, int64_t dim_stride)
-      : args_(std::move(args)), iter_(std::move(iter)), dim_(dim), dim_size_(dim_size), dim_stride_(dim_stride) {}
-  void run() override { at::native::index_copy_stub(at::kCPU, iter_, dim_, dim_size_, dim_stride_); }
+  IteratorCall(Args args, at::TensorIterator iter, Stub stub)
+      : args_(std::move(args)), iter_(std::move(iter)), stub_(std::move(stub)) {}
+  void run() override { stub_(iter_); }
   bool rerunnable() const override { return true; }
 
  private:
-  Args args_;
+  Args args_;  // keeps the operands alive (the iterator owns its views)
   at::TensorIterator iter_;
-  int64_t dim_, dim_size_, dim_stride_;
+  Stub stub_;
 };
 
+template <class Stub>
+std::unique_ptr<ReplayCall> iterator_call(const Args& args, at::TensorIterator iter, Stub stub) {
+  return std::make_unique<IteratorCall<Stub>>(args, std::move(iter), std::move(stub));
+}
+
+// index_copy_(self, dim, index, source), in place (out is self): meta once,
+// and the iterator ATen's impl builds (self restrided not to advance along
+// `dim`, the index broadcast over it); each run is the kernel, which still
+// checks every index value (a bad index fails that replay, named).
 Factory index_copy() {
   return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
     if (a.size() != 4 || !a[0].isTensor() || !a[1].isInt() || !a[2].isTensor() || !a[3].isTensor()) return nullptr;
@@ -420,7 +431,65 @@ Factory index_copy() {
                                   .add_owned_const_input(index.as_strided(index_sizes, index_strides))
                                   .add_owned_const_input(src)
                                   .build();
-    return std::make_unique<IndexCopyCall>(a, std::move(iter), dim, result.size(dim), result.stride(dim));
+    return iterator_call(a, std::move(iter),
+                         [dim, size = result.size(dim), stride = result.stride(dim)](at::TensorIterator& it) {
+                           at::native::index_copy_stub(at::kCPU, it, dim, size, stride);
+                         });
+  };
+}
+
+// where.self_out(condition, self, other): operands already of the result
+// dtype and a bool condition (ATen would convert the others into copies).
+Factory where() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 3 || !a[0].isTensor() || !a[1].isTensor() || !a[2].isTensor()) return nullptr;
+    const at::Tensor &condition = a[0].toTensor(), &self = a[1].toTensor(), &other = a[2].toTensor();
+    if (condition.scalar_type() != at::kBool || self.scalar_type() != out.scalar_type() ||
+        other.scalar_type() != out.scalar_type()) {
+      return nullptr;
+    }
+    at::TensorIterator iter = at::TensorIteratorConfig()
+                                  .check_all_same_dtype(false)
+                                  .resize_outputs(false)
+                                  .add_owned_output(out)
+                                  .add_owned_const_input(condition)
+                                  .add_owned_const_input(self)
+                                  .add_owned_const_input(other)
+                                  .build();
+    return iterator_call(a, std::move(iter), [](at::TensorIterator& it) { at::native::where_kernel(at::kCPU, it); });
+  };
+}
+
+// arange.start_out(start, end, step): the output was sized at capture (its
+// numel is the range's size); a contiguous one is filled in place.
+Factory arange() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 3 || !a[0].isScalar() || !a[1].isScalar() || !a[2].isScalar()) return nullptr;
+    if (!out.is_contiguous() || out.numel() == 0) return nullptr;
+    at::TensorIterator iter = at::TensorIterator::nullary_op(const_cast<at::Tensor&>(out));
+    return iterator_call(a, std::move(iter),
+                         [start = a[0].toScalar(), size = at::Scalar(out.numel()),
+                          step = a[2].toScalar()](at::TensorIterator& it) {
+                           at::native::arange_stub(at::kCPU, it, start, size, step);
+                         });
+  };
+}
+
+// fill_.Scalar(self, value), in place.
+Factory fill() {
+  return [](const Args& a, const at::Tensor& out) -> std::unique_ptr<ReplayCall> {
+    if (a.size() != 2 || !a[0].isTensor() || !a[1].isScalar() || !out.is_same(a[0].toTensor()) || out.numel() == 0) {
+      return nullptr;
+    }
+    at::TensorIterator iter = at::TensorIteratorConfig()
+                                  .set_check_mem_overlap(false)  // fill is idempotent
+                                  .check_all_same_dtype(false)
+                                  .add_owned_output(out)
+                                  .resize_outputs(false)
+                                  .build();
+    return iterator_call(a, std::move(iter), [value = a[1].toScalar()](at::TensorIterator& it) {
+      at::native::fill_stub(at::kCPU, it, value);
+    });
   };
 }
 
@@ -453,6 +522,9 @@ const std::unordered_map<std::string, Factory>& factories() {
                                          dim_reduction_impl<at::native::structured_mean_out>()));
     m.emplace("aten::cat.out", cat());
     m.emplace("aten::index_copy_", index_copy());
+    m.emplace("aten::where.self_out", where());
+    m.emplace("aten::arange.start_out", arange());
+    m.emplace("aten::fill_.Scalar", fill());
     return m;
   }();
   return table;
