@@ -1,7 +1,7 @@
 // Prepared structured kernels for graph replays (ReplayKernels.h).
 
 // The wheel's x86-64 build has AVX2 and AVX512 kernels: declaring them makes
-// a DispatchStub call here (sum_stub, copy_stub) pick the kernel ATen picks
+// the DispatchStub calls here (sum_stub, copy_stub, ...) pick the kernel ATen picks
 // (as in DirectKernels.cpp).
 #if defined(__x86_64__)
 #define HAVE_AVX512_CPU_DEFINITION

@@ -7,10 +7,11 @@
 // object is built once over the fixed operands, running the op's own meta
 // function (checks, broadcasting, dtype promotion, the iterator's layout),
 // and each replay runs only its impl(): the iterator's loops over the same
-// memory. Structured kernels that are not TensorIterators (sum/mean over
-// dims, cat, index_copy_) are prepared the same way: meta once, keeping what
-// it precomputes, impl per replay. The results are those of the eager call,
-// bit for bit: the same kernel object runs the same loops.
+// memory. Ops whose impl() builds a TensorIterator per call and runs one
+// DispatchStub over it (sum/mean over dims, cat's copies, index_copy_,
+// where, arange, fill_) get that iterator built once, as ATen builds it, and
+// run only the stub. The results are those of the eager call, bit for bit:
+// the same kernels run the same loops over the same layout.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
