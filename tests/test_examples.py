@@ -140,6 +140,39 @@ def test_decode_graph_replays_each_decode_step_with_cpu_greedy_tokens():
     assert "forward" not in vars(dev)
 
 
+def test_decode_gap_benchmark_splits_each_replayed_token():
+    # benchmarks/decode_gap.py stamps DecodeGraph's calls and the streamer's tokens: every replayed
+    # token must split into the loop before its call, the call, and the rest, in that order.
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("decode_gap", ROOT / "benchmarks" / "decode_gap.py")
+    gap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gap)
+    cpu, dev = _tiny_llama()
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2))
+    new = 8
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
+              disable_compile=True)
+    ref = cpu.generate(ids, **kw)
+    graphed = gap.ex.DecodeGraph(dev.forward)
+    stamped = dev.forward = gap.Stamped(graphed)
+    streamer, clock = gap.ex.make_streamer(echo=False)
+    with torch.inference_mode():
+        out = dev.generate(ids.to("neuron"), streamer=streamer, **kw)
+    assert torch.equal(out.cpu(), ref)
+    assert (graphed.captures, graphed.replays) == (1, new - 1)
+    puts, stamps = clock.times, stamped.stamps
+    assert (len(puts), len(stamps)) == (new + 1, new)  # the prompt and each token; prefill and each decode call
+    rows = gap.split(puts, stamps)
+    assert len(rows) == new - 2  # the decode calls after the capture step
+    for i, (token, loop, call) in enumerate(rows, start=2):
+        assert puts[i] < stamps[i][0] < stamps[i][1] < puts[i + 1]
+        assert loop > 0 and call > 0 and token > loop + call
+    del dev.forward
+
+
 def test_decode_graph_falls_back_to_eager_when_the_step_cannot_be_captured(capsys):
     import torch
 
