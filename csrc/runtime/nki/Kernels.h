@@ -136,8 +136,10 @@ struct RowOp {
   char* d = nullptr;
   int64_t sa = 0, sb = 0, sd = 0;
   Elem x, s0, s1, out;  // [P, 1] forms: data, operands, destination (or reduce_res)
+  const View* store = nullptr;  // a row stored through scatter_row (streamed: `stream`)
+  bool stream = false;
   Loop loop = nullptr;
-  int64_t fn = -1;              // a fused activation's function
+  int64_t fn = -1;              // an activation's function
   int64_t ea = 0, eb = 0, ed = 0;  // its rows' element bytes
 };
 using DecodeRecord = void (*)(const Ctx& c, int64_t i, RowOp& op);
