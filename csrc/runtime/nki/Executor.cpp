@@ -468,8 +468,9 @@ void execute(const Program& program, const std::vector<void*>& bound, int thread
   }
   std::sort(spans.begin(), spans.end());
   int nt = std::clamp(threads, 1, kPartitions);
-  for (size_t k = 1; k < spans.size(); ++k)
-    if (spans[k - 1].second > spans[k].first) nt = 1;  // aliased arguments
+  bool aliased = false;
+  for (size_t k = 1; k < spans.size(); ++k) aliased = aliased || spans[k - 1].second > spans[k].first;
+  if (aliased) nt = 1;
   nt = useful_threads(program, spans, nt);
   // A device loop runs on one thread. Its condition is one element that the
   // body rewrites, so threads would agree on it only with two barriers per
@@ -482,6 +483,9 @@ void execute(const Program& program, const std::vector<void*>& bound, int thread
   c.program = &program;
   c.bufs = bufs.data();
   c.dtypes = program.dtypes();
+  static std::atomic<uint64_t> launches{0};
+  c.launch = ++launches;
+  c.aliased = aliased;
   std::memset(c.regs, 0, sizeof(c.regs));
   if (nt == 1) {
     run_thread(c, 0, 1, nullptr);

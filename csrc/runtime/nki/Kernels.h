@@ -27,6 +27,8 @@ struct Ctx {
   const Program* program;
   char* const* bufs;
   const int64_t* dtypes;
+  uint64_t launch;  // a serial number per launch
+  bool aliased;     // bound buffers overlap in memory
   float regs[2][kPartitions];
 };
 
