@@ -546,6 +546,51 @@ def test_native_matmul(dtype, monkeypatch):
 
 
 @nki.jit
+def _moving_rewritten(a, b, c):
+    """Two bf16 matmuls whose moving tiles are read from the same HBM rows,
+    rewritten in between (b, then c): the second must see c."""
+    K, M = a.shape
+    N = b.shape[1]
+    out = nl.ndarray((2, M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    rows = nl.ndarray((K, N), dtype=b.dtype, buffer=nl.shared_hbm)
+    ta = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ta, src=a)
+    for j, src in enumerate((b, c)):
+        nisa.dma_copy(dst=rows, src=src)
+        tb = nl.ndarray((K, N), dtype=b.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tb, src=rows)
+        acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, ta, tb)
+        res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nisa.dma_copy(dst=out[j], src=res)
+    return out, rows
+
+
+def test_native_matmul_moving_packs_kept_only_while_unchanged(monkeypatch):
+    # A bf16 matmul's moving operand from a bound buffer that no record writes
+    # is packed once per launch (attention's K^T and V blocks); rows the kernel
+    # rewrites are packed again, and two launches on new inputs are not mixed up.
+    g = torch.Generator().manual_seed(3)
+    a, b, c = (torch.randn(64, s, generator=g).to(torch.bfloat16) for s in (128, 256, 256))
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    out, _ = _moving_rewritten(a.to("neuron"), b.to("neuron"), c.to("neuron"))
+    ref, _ = _run("interpreter", _moving_rewritten, a.to("neuron"), b.to("neuron"), c.to("neuron"),
+                  monkeypatch=monkeypatch)
+    _close(out, ref, rtol=1e-5, atol=1e-5)
+    assert_same(out[0], a.float().t() @ b.float(), atol=1e-3, rtol=1e-3)
+    assert_same(out[1], a.float().t() @ c.float(), atol=1e-3, rtol=1e-3)
+    q, k, v = (torch.randn(384, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    first = K.attention_head(q.to("neuron"), k.to("neuron"), v.to("neuron"), 0.125)
+    second = K.attention_head(q.to("neuron"), v.to("neuron"), k.to("neuron"), 0.125)  # new moving operands
+    for got, (kk, vv) in ((first, (k, v)), (second, (v, k))):
+        want = _run("interpreter", K.attention_head, q.to("neuron"), kk.to("neuron"), vv.to("neuron"), 0.125,
+                    monkeypatch=monkeypatch)
+        monkeypatch.setenv("NKI_EXECUTOR", "native")
+        _close(got, want, rtol=2e-2, atol=2e-2)
+
+
+@nki.jit
 def _psum_accumulate(a, b):
     """Overwrite, then add, then a forced overwrite and a forced add."""
     K, M = a.shape

@@ -27,6 +27,8 @@ struct Ctx {
   const Program* program;
   char* const* bufs;
   const int64_t* dtypes;
+  uint64_t launch;  // a serial number per launch
+  bool aliased;     // bound buffers overlap in memory
   float regs[2][kPartitions];
 };
 
@@ -109,14 +111,52 @@ struct Scratch {
 // record whose partitions may touch each other's memory.
 using RunRecord = void (*)(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
 
+// A partition-local record decoded once per stretch (Executor.cpp): its row
+// loop with the operands resolved to addresses and strides, so a block of
+// rows costs one indirect call per record instead of run_instr's decoding of
+// the record (at one-row blocks that decoding was ~18 % of RMSNorm's samples).
+// Records without a row loop of their own decode to one that calls run_instr.
+struct RowOp {
+  // An element per partition: p's is at base + p * stride (elements); an
+  // operand without a base is the immediate `imm`.
+  struct Elem {
+    char* base = nullptr;
+    int64_t stride = 0, dtype = 0;
+    float imm = 0.0f;
+  };
+  // The typed row loops' signature (Kernels.inc stt_typed, gate_mul).
+  using Loop = void (*)(const void* a, float s, const void* b, void* d, int64_t n, Prefetch* pf);
+  // Runs partitions [lo, hi) of the record (clipped to `rows`).
+  using Fn = void (*)(Ctx& c, const RowOp& op, int64_t lo, int64_t hi, Scratch& sc);
+
+  Fn run = nullptr;
+  int64_t i = 0;     // the record
+  int64_t rows = 0;  // its partitions: [0, rows)
+  int64_t n = 0;     // free elements per row
+  const char* a = nullptr;  // row 0 of the data, of the second tensor and of dst;
+  const char* b = nullptr;  // sa, sb, sd: bytes from one partition's row to the next
+  char* d = nullptr;
+  int64_t sa = 0, sb = 0, sd = 0;
+  Elem x, s0, s1, out;  // [P, 1] forms: data, operands, destination (or reduce_res)
+  const View* store = nullptr;  // a row stored through scatter_row (streamed: `stream`)
+  bool stream = false;
+  Loop loop = nullptr;
+  int64_t fn = -1;              // an activation's function
+  int64_t ea = 0, eb = 0, ed = 0;  // its rows' element bytes
+};
+using DecodeRecord = void (*)(const Ctx& c, int64_t i, RowOp& op);
+
 namespace generic {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
+void decode_record(const Ctx& c, int64_t i, RowOp& op);
 }
 namespace avx2 {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
+void decode_record(const Ctx& c, int64_t i, RowOp& op);
 }
 namespace avx512 {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
+void decode_record(const Ctx& c, int64_t i, RowOp& op);
 }
 
 }  // namespace neuronrt::nki::detail

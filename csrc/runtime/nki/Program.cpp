@@ -76,10 +76,13 @@ Program::Program(std::vector<int64_t> words, std::vector<double> imms, std::vect
     }
   }
   views_.resize(size_t(ninstr_) * kMaxViews);
+  written_.assign(buffers_.size(), false);
   std::vector<int64_t> open_loops;  // OP_WHILE records whose OP_END is still ahead
   for (int64_t i = 0; i < ninstr_; ++i) {
     for (int k = 0; k < kMaxViews; ++k) views_[i * kMaxViews + k] = parse_view(record(i) + kHeader + k * kViewWords);
     check_record(i);
+    if (view(i, 0).ndim > 0) written_[view(i, 0).buf] = true;
+    if (record(i)[0] == OP_ACT && record(i)[8] >= 0) written_[view(i, record(i)[8]).buf] = true;
     for (int k = 0; k < kMaxViews; ++k)
       if (view(i, k).ndim > 0) max_free_ = std::max(max_free_, free_numel(view(i, k)));
     // Loops nest: an OP_END closes the innermost open loop.

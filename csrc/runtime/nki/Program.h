@@ -138,6 +138,9 @@ class Program {
   // Rows stored into this buffer use streaming stores: a bound (HBM) buffer
   // of at least kStreamBytes, which the caches could not hold anyway.
   bool streamed(int64_t buf) const { return streamed_[buf]; }
+  // Whether a record writes this buffer (its destination, or an activation's
+  // reduce_res): a bound buffer that none writes is the same for a whole launch.
+  bool written(int64_t buf) const { return written_[buf]; }
   // Buffer ids bound at launch, in increasing order.
   const std::vector<int64_t>& bound() const { return bound_; }
   int64_t arena_bytes() const { return arena_bytes_; }
@@ -156,6 +159,7 @@ class Program {
   std::vector<View> views_;
   std::vector<int64_t> dtypes_;  // per buffer
   std::vector<bool> streamed_;   // per buffer
+  std::vector<bool> written_;    // per buffer
   std::vector<int64_t> bound_;
   int64_t ninstr_ = 0;
   int64_t arena_bytes_ = 0;
