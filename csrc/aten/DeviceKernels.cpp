@@ -28,10 +28,12 @@ namespace at::neuron {
 namespace {
 
 constexpr int64_t kMinWeightBytes = 64 * 1024;
-// The most rows the GEMM kernel takes. Past them (prefill chunks) MKL's
-// packing pays off: 95-100 GFLOP/s at 96 rows, within ~10 % of the kernel
-// at 64 (benchmarks/small_gemm.py); more rows were not measured.
-constexpr int64_t kGemmMaxRows = 64;
+// The most rows the GEMM kernel takes, prefill chunks included: with the
+// weights from memory (a model's) it ran 104-110 GFLOP/s at 96-512 rows
+// where MKL, packing the weight per call, ran 72-100 (in a vLLM batch's
+// 198-row prefill, half the kernel's rate); `small_gemm.py --cold`. More rows
+// were not measured clearly on the shared host, so they keep the CPU kernel.
+constexpr int64_t kGemmMaxRows = 512;
 // Rows of the weight per thread chunk: at least this many bytes each.
 constexpr int64_t kChunkBytes = 128 * 1024;
 

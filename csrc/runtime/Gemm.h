@@ -1,5 +1,5 @@
-// Matrix products of a few to a few dozen rows: a batched decode step's
-// matmuls (vLLM with 5-64 sequences in flight).
+// Matrix products of a few to a few hundred rows: a batched decode step's
+// matmuls (vLLM with 5-64 sequences in flight) and short prefill chunks.
 //
 // Past four rows a matmul is no longer bound by reading the weights once
 // (gemv, Gemv.h) but by the FMA units. A GEMM library packs the weights to

@@ -1,6 +1,6 @@
 // The small-M GEMM kernels (Gemm.h): every ISA build this CPU can run matches
 // a float64 reference within float32 matmul rounding, for rows around the
-// register tile's (whole tiles and every leftover), weight rows around the
+// register tile's (whole tiles and every leftover) and the 64-row passes, weight rows around the
 // 4-row blocks, lengths around the vector width and the K blocks, padded
 // leading dimensions, a bias row or matrix, and a sub-range of output columns (what one
 // thread computes), leaving the rest of the output untouched.
@@ -34,7 +34,7 @@ using matmul_check::check;
 
 TEST(Gemm, MatchesReferenceInEveryBuild) {
   for (const Build& b : builds()) {
-    for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 33}) {
+    for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 33, 65, 130}) {
       for (int64_t k : {1, 15, 16, 17, 100, 576, 769, 1600}) {
         for (int64_t n : {1, 3, 4, 5, 13}) {
           check(b, {rows, n, k, k, k, n, 0, n, false});
