@@ -217,6 +217,27 @@ def test_state_after_cpu_draws_names_a_new_snapshot():
     assert torch.equal(torch.randn(10, device="neuron").cpu(), after_s2)
 
 
+def test_many_states_restored_out_of_order():
+    """A long run names thousands of states (Trainer's checkpointed layers: one per call) and goes
+    back to older ones; each restore draws that state's numbers. In a fresh process: restoring
+    a state moves its snapshot to the registry's back, which once crashed when the registry grew."""
+    proc = run_python("""
+import torch, torch_neuronx
+torch.manual_seed(3)
+states, draws = [], []
+for i in range(3000):
+    torch.rand(1)  # a CPU draw moves the shared engine: the next state is a new snapshot
+    states.append(torch.neuron.get_rng_state())
+    draws.append(torch.randn(4, device="neuron").cpu())
+    j = (i * 7919) % len(states)
+    if i % 3 == 2 and j >= len(states) - 2000:  # still held (the registry keeps the last 2048)
+        torch.neuron.set_rng_state(states[j])
+        assert torch.equal(torch.randn(4, device="neuron").cpu(), draws[j]), (i, j)
+print("restored")
+""")
+    assert proc.stdout.strip().endswith("restored")
+
+
 def test_states_saved_by_another_process_resume_the_cpu_stream(tmp_path):
     """Accelerate's save_state/load_state: CPU state and torch.neuron states to a file, restored
     in a new process (CPU state first); the resumed draws are those of the uninterrupted run."""

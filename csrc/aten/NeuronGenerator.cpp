@@ -54,9 +54,12 @@ class SnapshotRegistry {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto it = entries_.begin(); it != entries_.end(); ++it) {
         if (it->seed == seed && it->offset == offset) {
-          at::Tensor state = it->engine_state;
-          entries_.push_back(std::move(*it));  // most recently used last
+          // Most recently used last. Erase before push_back: a deque's
+          // push_back invalidates its iterators.
+          Entry hit = std::move(*it);
           entries_.erase(it);
+          at::Tensor state = hit.engine_state;
+          entries_.push_back(std::move(hit));
           return state;
         }
       }
