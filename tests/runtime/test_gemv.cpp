@@ -1,6 +1,7 @@
 // The GEMV kernels (Gemv.h): every ISA build this CPU can run matches a
 // float64 reference within float32 matmul rounding, for 1-4 activation rows,
-// lengths around the vector width and the 4-row blocks, padded leading
+// lengths around the vector width and the 4-row blocks, lengths that take the
+// two-pass path (rows past half of L1), padded leading
 // dimensions, a bias row or matrix, and a sub-range of output columns (what
 // one thread computes), leaving the rest of the output untouched.
 #include <gtest/gtest.h>
@@ -43,6 +44,13 @@ TEST(Gemv, MatchesReferenceInEveryBuild) {
       }
       // One thread's share of the columns.
       check(b, {rows, 50, 33, 33, 40, 50, 9, 31, true});
+      // Three or four rows past half of L1 run two rows at a time over blocks
+      // of weight rows (several blocks here), and a tail past the 16 lanes.
+      for (int64_t k : {1100, 1536, 1543}) {
+        check(b, {rows, 300, k, k, k, 300, 0, 300, true});
+        check(b, {rows, 300, k, k + 3, k + 5, 302, 7, 290, true, 301});  // a bias matrix
+        check(b, {rows, 300, k, k, k, 300, 100, 101, false});
+      }
     }
   }
 }

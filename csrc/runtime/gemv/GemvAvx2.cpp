@@ -1,5 +1,6 @@
 // The GEMV kernels of the avx2 build (CMakeLists.txt sets this file's flags;
 // Gemv.cpp picks the build).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
