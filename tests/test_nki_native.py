@@ -399,6 +399,18 @@ def test_native_elides_dma(monkeypatch):
     assert _native.OP_FILL not in ops  # nor of the sums tile, written whole through reduce_res
 
 
+def test_native_no_fill_where_nothing_unwritten_is_read(monkeypatch):
+    # A partial last tile ([128, H] tiles written and read on their first p rows)
+    # needs no NaN fill: nothing reads the rows left unwritten (_never_read_unwritten).
+    # _partial_tile, which reads them, keeps its fill (test_native_nan_sentinel).
+    x, w = torch.randn(200, 96), torch.randn(1, 96)
+    ops = _native.plan(K.rmsnorm_wide.trace((x, w, 1e-6)), True).words.reshape(-1, _native.RECORD)[:, 0]
+    assert _native.OP_FILL not in ops.tolist()
+    fills = _native.plan(_partial_tile.trace((x[:8],)), True).words.reshape(-1, _native.RECORD)[:, 0]
+    assert _native.OP_FILL in fills.tolist()
+    _both(K.rmsnorm_wide, x, w, 1e-6, monkeypatch=monkeypatch)
+
+
 @nki.jit
 def _per_row(x):
     """[P, 1] statistics: reversed tensor_scalar ops with tile operands, an
