@@ -731,6 +731,40 @@ def _lower_mark(low, ins, i, instrs, loops, skip_fill, filled, subst):
     low.emit(OP_WHILE if kind == "while" else OP_END, [a["cond"]], [0, 0, -1, a["max"]], written=0, mixing=True)
 
 
+def _never_read_unwritten(instrs, skip, exempt):
+    """Fresh buffers whose first write is partial but which no instruction reads
+    where nothing wrote before it: they need no NaN fill (a [128, H] tile
+    written and read on its first p rows, as a partial last tile is: without
+    this, every launch of a few-row RMSNorm filled five 1 MiB tiles). Reads
+    come before the instruction's own writes; buffers a matmul touches keep
+    their fill (a fresh PSUM tile's first matmul overwrites, later ones add)."""
+    written, out, seen = {}, set(), set()
+    for i, ins in enumerate(instrs):
+        if i in skip or isinstance(ins, _Mark):
+            continue
+        dst, srcs = _peek(ins)
+        for t in ins.tensors:
+            sid = t.storage.id
+            if sid in exempt or sid in seen:
+                continue
+            seen.add(sid)
+            whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
+                all(v.storage.id != sid for v in srcs)
+            if not whole and ins.ir[0] != "matmul":
+                written[sid] = np.zeros(t.storage.numel, bool)
+                out.add(sid)
+        if ins.ir[0] == "matmul":
+            out -= {t.storage.id for t in ins.tensors}
+        for v in srcs:
+            sid = v.storage.id
+            if sid in out and not written[sid][_elements(v)].all():
+                out.discard(sid)
+        for v in _writes(ins.ir):
+            if v.storage.id in out:
+                written[v.storage.id][_elements(v)] = True
+    return out
+
+
 def _fill_sentinel(low, st):
     """A fresh buffer filled with the NaN sentinel, as the interpreter's are."""
     shape = (st.shape[0], st.row) if st.buffer.on_chip and st.shape else (st.numel,)
@@ -942,6 +976,7 @@ class NativeProgram:
             self.offsets[sid] = best[0]
         self.arena_bytes = max(top, _ALIGN)
         filled = set()
+        unread = _never_read_unwritten(instrs, skip, bound | set(subst)) if not loops else set()
         low.depth = 0  # device loops around the instruction
         for i, ins in enumerate(instrs):
             if i in skip:
@@ -961,7 +996,7 @@ class NativeProgram:
                 filled.add(sid)
                 whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
                     all(s.storage.id != sid for s in srcs)
-                if not whole:
+                if not whole and sid not in unread:
                     _fill_sentinel(low, t.storage)
             ir = _mapped(ins.ir, subst)
             d = ir[1]["dst"].storage.id

@@ -399,6 +399,18 @@ def test_native_elides_dma(monkeypatch):
     assert _native.OP_FILL not in ops  # nor of the sums tile, written whole through reduce_res
 
 
+def test_native_no_fill_where_nothing_unwritten_is_read(monkeypatch):
+    # A partial last tile ([128, H] tiles written and read on their first p rows)
+    # needs no NaN fill: nothing reads the rows left unwritten (_never_read_unwritten).
+    # _partial_tile, which reads them, keeps its fill (test_native_nan_sentinel).
+    x, w = torch.randn(200, 96), torch.randn(1, 96)
+    ops = _native.plan(K.rmsnorm_wide.trace((x, w, 1e-6)), True).words.reshape(-1, _native.RECORD)[:, 0]
+    assert _native.OP_FILL not in ops.tolist()
+    fills = _native.plan(_partial_tile.trace((x[:8],)), True).words.reshape(-1, _native.RECORD)[:, 0]
+    assert _native.OP_FILL in fills.tolist()
+    _both(K.rmsnorm_wide, x, w, 1e-6, monkeypatch=monkeypatch)
+
+
 @nki.jit
 def _per_row(x):
     """[P, 1] statistics: reversed tensor_scalar ops with tile operands, an
@@ -818,13 +830,17 @@ def test_native_fused_activation_multiply(dtype, rows, cols, monkeypatch):
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-def test_native_gate_loop_scale_one_and_in_place(in_place, monkeypatch):
-    # SwiGLU's bf16 gate loop runs in one pass when its destination overlaps
-    # neither input and skips `* s` for s = 1 (Kernels.inc gate_mul): the bits
-    # of the two records, with the chunks outside the short exp form's range,
-    # and written over the gate itself (the two-pass loop then).
+# fp32 (2100, 2048): a streamed output, whose loop is one pass from the registers
+# (Kernels.inc gate_mul_stream_f32)
+@pytest.mark.parametrize("dtype,rows,cols", [(torch.bfloat16, 256, 1100), (torch.float32, 2100, 2048)])
+def test_native_gate_loop_scale_one_and_in_place(in_place, dtype, rows, cols, monkeypatch):
+    # SwiGLU's bf16 gate loop, and its fp32 loop into a streamed output, run in
+    # one pass when the destination overlaps neither input and skip `* s` for
+    # s = 1 (Kernels.inc gate_mul): the bits of the two records, with the chunks
+    # outside the short exp form's range, and written over the gate itself (the
+    # two-pass loop then).
     monkeypatch.setenv("NKI_EXECUTOR", "native")
-    g, u = _gate_inputs(256, 1100, torch.bfloat16)
+    g, u = _gate_inputs(rows, cols, dtype)
     for scale in (1.0, 1.5):
         fused = _gate_kernel("silu", nl.multiply, scale=scale, in_place=in_place)
         ga = g.clone()
@@ -838,7 +854,7 @@ def test_native_gate_loop_scale_one_and_in_place(in_place, monkeypatch):
             _same_bits(ga, out)
         ref = (torch.nn.functional.silu(g.float()) * scale) * u.float()
         fin = ref.isfinite() & out.float().isfinite()
-        _close(out.float()[fin], ref.to(torch.bfloat16).float()[fin], rtol=8e-3, atol=1e-4)
+        _close(out.float()[fin], ref.to(dtype).float()[fin], rtol=8e-3, atol=1e-4)
 
 
 @nki.jit

@@ -180,6 +180,7 @@ struct StretchPlan {
   };
   std::vector<Out> outs;
   std::vector<RowOp> ops;  // the records, decoded
+  std::vector<const View*> fp32_reads;  // plan_stretch's scratch (capacity kept)
   Prefetch::Range ranges[Prefetch::kMaxRanges];
   int nranges = 0;
   int64_t fetch_rows = 0;          // the ranges hold rows [0, fetch_rows)
@@ -227,7 +228,8 @@ void plan_stretch(const Ctx& c, int64_t i, int64_t j, StretchPlan& plan) {
   // a single record reads them (SwiGLU) or bf16 rows (sums that are bound by
   // their widening) one-row steps measured 4-66 % slower.
   bool writes_rows = false;
-  std::vector<const View*> fp32_reads;
+  std::vector<const View*>& fp32_reads = plan.fp32_reads;
+  fp32_reads.clear();
   int reread = 0;
   for (int64_t k = i; k < j; ++k) {
     kernels.decode(c, k, plan.ops[size_t(k - i)]);
