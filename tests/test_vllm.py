@@ -249,6 +249,19 @@ def test_largest_allocation_fits_the_caching_allocator():
     torch.neuron.empty_cache()
 
 
+@pytest.mark.parametrize("user", [{}, {"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}])
+def test_spawned_engines_get_passive_openmp_waits_unless_the_user_chose(monkeypatch, user):
+    from torch_neuronx.vllm.platform import OPENMP_WAIT_ENVS, passive_openmp_waits
+
+    for name in OPENMP_WAIT_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in user.items():
+        monkeypatch.setenv(name, value)
+    passive_openmp_waits()
+    assert os.environ.get("OMP_WAIT_POLICY") == user.get("OMP_WAIT_POLICY", None if user else "PASSIVE")
+    assert os.environ.get("GOMP_SPINCOUNT") == user.get("GOMP_SPINCOUNT")
+
+
 def test_plugin_switch(monkeypatch):
     from torch_neuronx import vllm as plugin
 
@@ -347,8 +360,12 @@ def main():
     mode = int(llm.llm_engine.vllm_config.compilation_config.mode)
     async_scheduling = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     pid = llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    wait_policy = env.get(b"OMP_WAIT_POLICY", b"").decode()
     llm.llm_engine.engine_core.shutdown()
-    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode, "async": async_scheduling}))
+    print(json.dumps({"text": text, "blocks": blocks, "engine_pid": pid, "mode": mode, "async": async_scheduling,
+                      "omp_wait_policy": wait_policy}))
 
 if __name__ == "__main__":
     main()
@@ -364,6 +381,8 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     proc = run_python(f"import runpy, sys; sys.argv = ['x', {str(path)!r}]; runpy.run_path({str(script)!r}, "
                       "run_name='__main__')", env={"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1",
                                                     "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                                                    # libgomp's default, as a user has it
+                                                    "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None,
                                                     "TORCH_NEURONX_VLLM_COMPILE": "0",
                                                     # the default (the in-process engine's fixture sets it)
                                                     "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": None})
@@ -371,6 +390,8 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     assert result["text"].startswith(" Paris"), result
     assert result["mode"] == 0, result  # TORCH_NEURONX_VLLM_COMPILE=0: eager (CompilationMode.NONE)
     assert result["async"] is False, result  # off unless TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1
+    # The engine process started with OpenMP's passive waits (libgomp reads them at start).
+    assert result["omp_wait_policy"] == "PASSIVE", result
     # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
     # whole blocks. The caching allocator rounds each allocation up to a quarter step between
     # powers of two, so the weights hold up to a quarter more than their bytes and the one

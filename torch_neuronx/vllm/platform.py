@@ -27,6 +27,9 @@ KVCACHE_ENV = "VLLM_NEURON_KVCACHE_SPACE"
 COMPILE_ENV = "TORCH_NEURONX_VLLM_COMPILE"
 # "1": async scheduling as vLLM decides it (on by default); unset or "0": off.
 ASYNC_SCHEDULING_ENV = "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"
+# libgomp's wait settings: the platform sets the first for the processes vLLM spawns
+# unless either is set (passive_openmp_waits).
+OPENMP_WAIT_ENVS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def async_scheduling_from_env() -> bool:
@@ -44,6 +47,19 @@ def kv_cache_bytes_from_env() -> int | None:
     if not gib > 0:
         raise ValueError(f"{KVCACHE_ENV}={value!r} is invalid: a positive number of GiB (e.g. 1 or 0.5).")
     return int(gib * (1 << 30))
+
+
+def passive_openmp_waits() -> None:
+    """OMP_WAIT_POLICY=PASSIVE for the processes vLLM spawns from here on (the engine core, its
+    workers), unless the user chose a wait policy. At more than one thread an engine process
+    runs two OpenMP teams (its Python thread's and the stream executor's, which runs vLLM's
+    attention and Inductor's kernels) beside the runtime's GEMM worker; with libgomp's default a
+    thread that waits at a team's barrier spins for milliseconds, and when its partner has lost
+    its core every barrier costs scheduler time slices (a decode-like step 2-5x slower than at one
+    thread, docs/serving.md). libgomp reads this when torch loads it, so it can only be set for
+    processes not started yet; the caller's own process is unchanged."""
+    if not any(os.environ.get(name) for name in OPENMP_WAIT_ENVS):
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 class NeuronPlatform(CpuPlatform):
@@ -164,3 +180,4 @@ class NeuronPlatform(CpuPlatform):
         # runtime threads (docs/runtime.md, fork safety).
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         os.environ["LOCAL_WORLD_SIZE"] = str(parallel_config.tensor_parallel_size)
+        passive_openmp_waits()
