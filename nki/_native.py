@@ -731,6 +731,13 @@ def _lower_mark(low, ins, i, instrs, loops, skip_fill, filled, subst):
     low.emit(OP_WHILE if kind == "while" else OP_END, [a["cond"]], [0, 0, -1, a["max"]], written=0, mixing=True)
 
 
+def _writes_whole(ins, sid, srcs):
+    """Whether ``ins`` writes all of storage ``sid`` and reads none of it (``srcs``):
+    a fresh buffer first used so needs no NaN fill."""
+    return any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
+        all(v.storage.id != sid for v in srcs)
+
+
 def _never_read_unwritten(instrs, skip, exempt):
     """Fresh buffers whose first write is partial but which no instruction reads
     where nothing wrote before it: they need no NaN fill (a [128, H] tile
@@ -748,9 +755,7 @@ def _never_read_unwritten(instrs, skip, exempt):
             if sid in exempt or sid in seen:
                 continue
             seen.add(sid)
-            whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
-                all(v.storage.id != sid for v in srcs)
-            if not whole and ins.ir[0] != "matmul":
+            if not _writes_whole(ins, sid, srcs) and ins.ir[0] != "matmul":
                 written[sid] = np.zeros(t.storage.numel, bool)
                 out.add(sid)
         if ins.ir[0] == "matmul":
@@ -994,9 +999,7 @@ class NativeProgram:
                 if sid in bound or sid in filled or sid in subst:
                     continue
                 filled.add(sid)
-                whole = any(v.storage.id == sid and _whole(v) for v in _writes(ins.ir)) and \
-                    all(s.storage.id != sid for s in srcs)
-                if not whole and sid not in unread:
+                if not _writes_whole(ins, sid, srcs) and sid not in unread:
                     _fill_sentinel(low, t.storage)
             ir = _mapped(ins.ir, subst)
             d = ir[1]["dst"].storage.id
