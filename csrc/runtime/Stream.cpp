@@ -127,6 +127,8 @@ struct Stream::Executor {
     uint64_t correlation;
   };
   std::deque<Queued> queue;
+  // Kernel::bytes() of the queued kernels and the one running (kMaxQueuedBytes).
+  size_t queued_bytes = 0;
   std::vector<std::unique_ptr<Kernel>> finished;  // destroyed by callers
   // Whether `finished` holds kernels: a caller then takes the lock to free them.
   std::atomic<bool> has_finished{false};
@@ -193,6 +195,13 @@ std::string failure_message(const Stream& s, const Kernel& kernel, const std::ex
          std::to_string(s.id()) + ") failed: " + kernel.name() + ": " + ex.what() +
          "\nKernel errors are reported at the next synchronization point; set "
          "NEURON_RT_LAUNCH_BLOCKING=1 to raise them where the kernel is launched.";
+}
+
+// A kernel's share of kMaxQueuedBytes: what it touches, when it says (the
+// runtime's own markers, timestamps and waits, touch nothing).
+size_t queued_bytes_of(const Kernel& kernel) {
+  const size_t bytes = kernel.bytes();
+  return bytes == SIZE_MAX ? 0 : bytes;
 }
 
 uint64_t now_ns() {
@@ -281,6 +290,7 @@ Stream::Executor& Stream::executor() const {
         }
       }
       std::lock_guard<std::mutex> lock(e->mutex);
+      e->queued_bytes -= queued_bytes_of(*kernel);
       e->finished.push_back(std::move(kernel));
       e->has_finished.store(true, std::memory_order_release);
       if (e->must_wake(self->completed_.fetch_add(1, std::memory_order_seq_cst) + 1)) e->done.notify_all();
@@ -425,9 +435,12 @@ void Stream::enqueue(std::unique_ptr<Kernel> kernel) {
   std::vector<std::unique_ptr<Kernel>> finished;
   {
     std::unique_lock<std::mutex> lock(e.mutex);
-    if (e.queue.size() >= kMaxQueued && tls_executor_of != this) {
-      e.wait_done(lock, 0, [&] { return e.queue.size() < kMaxQueued; });
-    }
+    const size_t bytes = queued_bytes_of(*kernel);
+    auto full = [&] {
+      return e.queue.size() >= kMaxQueued || (e.queued_bytes > 0 && e.queued_bytes + bytes > kMaxQueuedBytes);
+    };
+    if (full() && tls_executor_of != this) e.wait_done(lock, 0, [&] { return !full(); });
+    e.queued_bytes += bytes;
     e.queue.push_back({std::move(kernel), launch_correlation()});
     last_queued_.store(issued_.fetch_add(1, std::memory_order_acq_rel) + 1, std::memory_order_release);
     finished.swap(e.finished);

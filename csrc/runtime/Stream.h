@@ -57,8 +57,15 @@ class Stream {
   static constexpr size_t kInlineBytes = 64 * 1024;
   // At most this many kernels wait in a stream's queue: enqueue() blocks
   // until the executor makes room, as a CUDA launch does when the device's
-  // launch queue is full (queued kernels also hold their operands' memory).
+  // launch queue is full.
   static constexpr size_t kMaxQueued = 1024;
+  // At most this many bytes (Kernel::bytes(), summed) are touched by the
+  // kernels queued or running on a stream; enqueue() blocks until the
+  // executor makes room (a larger kernel waits for an empty queue). Queued
+  // kernels hold their operands' memory, also what the host has dropped:
+  // this bounds it. 1 GiB is tens of milliseconds of work at the host's
+  // memory bandwidth, ahead enough to hide any launch overhead.
+  static constexpr size_t kMaxQueuedBytes = size_t{1} << 30;
   // Stream ids: 0 is the default stream, 1..kPoolSize the normal-priority
   // pool, kPoolSize+1..2*kPoolSize the high-priority pool.
   Stream(int device, int64_t id);

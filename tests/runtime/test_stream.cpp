@@ -155,6 +155,36 @@ TEST(Executor, EnqueueWaitsWhenTheQueueIsFull) {
   EXPECT_GE(most_ahead, neuronrt::Stream::kMaxQueued / 2);  // the loop did run ahead
 }
 
+TEST(Executor, EnqueueWaitsWhenQueuedKernelsTouchTooManyBytes) {
+  // Queued kernels hold their operands (also those the host dropped): a loop
+  // of large kernels stays kMaxQueuedBytes ahead at most (it held 16 GiB of
+  // dropped tensors before), and a kernel larger than that runs alone.
+  auto& s = neuronrt::pool_stream(0, 0);
+  constexpr size_t kMax = neuronrt::Stream::kMaxQueuedBytes;
+  const size_t each = kMax / 8;
+  std::atomic<size_t> in_flight{0};  // bytes of the kernels not yet run
+  size_t most = 0;
+  int ran = 0;
+  for (int i = 0; i < 64; ++i) {
+    const size_t bytes = i == 40 ? 2 * kMax : each;
+    in_flight += bytes;
+    s.enqueue(std::make_unique<FnKernel>(
+        [&, bytes] {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          ++ran;
+          in_flight -= bytes;
+        },
+        "large kernel", bytes));
+    // Everything counted now has been enqueued and has not finished.
+    const size_t now = in_flight.load();
+    EXPECT_TRUE(now <= kMax || now == 2 * kMax) << "kernel " << i << ": " << now << " bytes in flight";
+    if (bytes == each) most = std::max(most, now);
+  }
+  s.synchronize();
+  EXPECT_EQ(ran, 64);
+  EXPECT_GE(most, kMax / 2);  // the loop did run ahead
+}
+
 TEST(Executor, WaitersWakeOnSynchronousCompletions) {
   // Completions are counted: a synchronous launch from another thread that
   // finishes last is what brings the count to a waiter's target, so it must
