@@ -270,14 +270,15 @@ TEST(NkiExecutor, MatmulOverwritesThenAccumulates) {
 // bf16 operands: the AVX-512 build multiplies full 4 x 64 blocks with
 // VDPBF16PS where the CPU has it (Kernels.inc matmul_bf16_dot); every build
 // must give the k-ordered multiply-adds' bits. Blocks and tails, an odd K,
-// a transposed stationary view (k contiguous, packed 16 x 16 at a time), accumulation into the fp32
+// a transposed stationary view (k contiguous, read a row at a time), accumulation into the fp32
 // destination, and values small enough that partial sums could be denormal
-// (the instruction would flush them: those run the fused multiply-adds).
+// (the instruction would flush them: those run the fused multiply-adds), in
+// either stationary layout.
 TEST(NkiExecutor, Bf16MatmulKeepsTheKOrder) {
   const bool fused = std::string(nk::kernel_isa()) != "generic";
-  for (int variant = 0; variant < 4; ++variant) {
-    const bool transposed = variant == 1, tiny = variant == 2;
-    // (transposed: M = 37, two blocks of 16 x 16 pairs packed through registers and tails)
+  for (int variant = 0; variant < 5; ++variant) {
+    const bool transposed = variant == 1 || variant == 4, tiny = variant == 2 || variant == 4;
+    // (transposed: M = 37, nine blocks of 4 rows and a tail row; K / 2 = 33 pairs: two loads of 16 and a masked one)
     const int64_t K = variant == 3 ? 67 : 66, M = transposed ? 37 : 9, N = 130;
     Table t;
     // Stationary [K, M]: row-major, or the transpose of an [M, K] buffer.
