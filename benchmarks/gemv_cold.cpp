@@ -1,7 +1,9 @@
 // The runtime's GEMV (csrc/runtime/Gemv.h) on cold weights: a decode step of
 // SmolLM2-135M (30 layers of q/k/v/o/gate/up/down weights and the tied LM head,
-// 211 matmuls, 538 MB of float32), each weight in its own 2 MiB-aligned
-// allocation with transparent huge pages, as the device allocator gives them.
+// 211 matmuls, 538 MB of float32), each weight allocated by the runtime's
+// device allocator (neuronrt::malloc), so it lies in memory as a model's do:
+// large weights in huge-page segments, the k/v projections (442 KB) in its
+// medium-block slabs (docs/runtime.md, "Huge pages").
 // Every pass runs all 211 weights in order, so each read comes from memory.
 // Prints the plain read rate of the same weights (a sum in the same order),
 // then per activation-row count (1-4) the step time and GB/s of weight read,
@@ -15,7 +17,6 @@
 // The LM head is one 113 MB call per pass: on a busy host its minimum is the
 // noisiest figure (hence the layers' own total).
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,18 +26,14 @@
 #include <vector>
 
 #include "csrc/runtime/Gemv.h"
+#include "csrc/runtime/Runtime.h"
 
 namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-float* alloc_huge(size_t bytes) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t whole = (bytes + kHuge - 1) / kHuge * kHuge;
-  void* p = nullptr;
-  if (posix_memalign(&p, kHuge, whole) != 0) std::abort();
-  madvise(p, whole, MADV_HUGEPAGE);
-  auto* f = static_cast<float*>(p);
+float* alloc_device(size_t bytes) {
+  auto* f = static_cast<float*>(neuronrt::malloc(0, bytes));
   for (size_t i = 0; i < bytes / sizeof(float); ++i) f[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
   return f;
 }
@@ -107,11 +104,11 @@ int main(int argc, char** argv) {
   std::vector<Weight> ws;
   const int64_t shapes[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
   for (int layer = 0; layer < 30; ++layer) {
-    for (int s = 0; s < 7; ++s) ws.push_back({shapes[s][0], shapes[s][1], alloc_huge(shapes[s][0] * shapes[s][1] * 4), s});
+    for (int s = 0; s < 7; ++s) ws.push_back({shapes[s][0], shapes[s][1], alloc_device(shapes[s][0] * shapes[s][1] * 4), s});
   }
-  ws.push_back({49152, 576, alloc_huge(49152 * 576 * 4), 7});
-  float* a = alloc_huge(4 * 1536 * sizeof(float));
-  float* out = alloc_huge(4 * 49152 * sizeof(float));
+  ws.push_back({49152, 576, alloc_device(49152 * 576 * 4), 7});
+  float* a = alloc_device(4 * 1536 * sizeof(float));
+  float* out = alloc_device(4 * 49152 * sizeof(float));
 
   std::printf("SmolLM2-135M decode weights, %d passes, gemv build %s\n", passes, neuronrt::gemv_isa());
   report("plain read", ws, per_weight_min(ws, passes, read_weight));

@@ -180,28 +180,52 @@ py::dict snapshot() {
       device_traces[d].assign(h.traces[d].begin(), h.traces[d].end());
     }
   }
+  // Blocks come by address; a slab's blocks are adjacent and form one segment
+  // (its unused tail as one inactive block, so the blocks cover the segment).
   py::list segments;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const auto& b = blocks[i];
-    py::dict block;
-    block["address"] = b.address;
-    block["size"] = b.size;
-    block["requested_size"] = b.in_use ? b.requested : 0;
-    block["state"] = b.in_use ? "active_allocated" : "inactive";
-    block["frames"] = frames_list(block_frames[i]);
+  for (size_t i = 0; i < blocks.size();) {
+    const auto& first = blocks[i];
+    const uintptr_t seg_addr = first.segment_size ? first.segment_address : first.address;
+    const size_t seg_size = first.segment_size ? first.segment_size : first.size;
+    py::list seg_blocks;
+    size_t allocated = 0, requested = 0, end = seg_addr;
+    for (; i < blocks.size() && blocks[i].address - seg_addr < seg_size; ++i) {
+      const auto& b = blocks[i];
+      py::dict block;
+      block["address"] = b.address;
+      block["size"] = b.size;
+      block["requested_size"] = b.in_use ? b.requested : 0;
+      block["state"] = b.in_use ? "active_allocated" : "inactive";
+      block["frames"] = frames_list(block_frames[i]);
+      seg_blocks.append(block);
+      if (b.in_use) {
+        allocated += b.size;
+        requested += b.requested;
+      }
+      end = b.address + b.size;
+    }
+    if (end < seg_addr + seg_size) {
+      py::dict tail;
+      tail["address"] = end;
+      tail["size"] = seg_addr + seg_size - end;
+      tail["requested_size"] = 0;
+      tail["state"] = "inactive";
+      tail["frames"] = py::list();
+      seg_blocks.append(tail);
+    }
     py::dict seg;
-    seg["device"] = b.device;
-    seg["address"] = b.address;
-    seg["total_size"] = b.size;
-    seg["allocated_size"] = b.in_use ? b.size : 0;
-    seg["active_size"] = b.in_use ? b.size : 0;
-    seg["requested_size"] = b.in_use ? b.requested : 0;
+    seg["device"] = first.device;
+    seg["address"] = seg_addr;
+    seg["total_size"] = seg_size;
+    seg["allocated_size"] = allocated;
+    seg["active_size"] = allocated;
+    seg["requested_size"] = requested;
     seg["stream"] = 0;
-    seg["segment_type"] = b.size <= neuronrt::kSmallPoolLimit ? "small" : "large";
+    seg["segment_type"] = first.size <= neuronrt::kSmallPoolLimit ? "small" : "large";
     seg["segment_pool_id"] = py::make_tuple(0, 0);
     seg["is_expandable"] = false;
     seg["frames"] = py::list();
-    seg["blocks"] = py::make_tuple(block);
+    seg["blocks"] = seg_blocks;
     segments.append(seg);
   }
   py::list traces;

@@ -27,17 +27,43 @@ const size_t kPageBytes = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 // whole segments (the lm_head alone: 26 against 34-36). A segment is
 // therefore rounded up to whole huge pages when that adds at most a third
 // (3.5 -> 4 MiB); otherwise only the huge pages it covers get them (2.5 MiB:
-// one), so no segment grows by more than a third. A hint: without THP (or
-// with `never`), the segment is an ordinary one.
+// one), so no segment grows by more than a third. Medium blocks share slabs
+// of whole huge pages instead (slab_bytes). A hint: without THP (or with
+// `never`), the segment is an ordinary one.
+//
+// These segments are mapped from the kernel, not taken from malloc: glibc
+// serves large aligned requests from its heap once its mmap threshold has
+// grown (every free of a large mmapped chunk raises it, up to 32 MiB), and
+// heap memory that was touched before is backed by 4 KiB pages already;
+// madvise does not change pages that exist. A fresh mapping advised before
+// its first touch gets huge pages whatever the process did before.
 constexpr size_t kHugePageBytes = size_t{2} << 20;
 
-void* allocate_private(size_t align, size_t bytes) {
-  const size_t whole = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// `bytes` (whole pages) at a huge-page boundary, the first `huge` of them
+// advised for huge pages; nullptr when the kernel refuses.
+void* map_huge_aligned(size_t bytes, size_t huge) {
+  const size_t span = bytes + kHugePageBytes;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = round_up(base, kHugePageBytes);
+  if (start > base) ::munmap(raw, start - base);
+  if (base + span > start + bytes) ::munmap(reinterpret_cast<void*>(start + bytes), base + span - start - bytes);
+  ::madvise(reinterpret_cast<void*>(start), huge, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(start);
+}
+
+// A private segment of `bytes`; `*mapped` is its mapping's length (0: malloc).
+void* allocate_private(size_t align, size_t bytes, size_t* mapped) {
+  const size_t whole = round_up(bytes, kHugePageBytes);
   const size_t huge = whole - bytes <= bytes / 3 ? whole : bytes / kHugePageBytes * kHugePageBytes;
+  *mapped = 0;
   if (huge == 0) return std::aligned_alloc(align, bytes);
-  void* ptr = nullptr;
-  if (::posix_memalign(&ptr, kHugePageBytes, std::max(bytes, huge)) != 0) return nullptr;
-  ::madvise(ptr, huge, MADV_HUGEPAGE);
+  const size_t length = round_up(std::max(bytes, huge), kPageBytes);
+  void* ptr = map_huge_aligned(length, huge);
+  if (ptr) *mapped = length;
   return ptr;
 }
 
@@ -99,11 +125,86 @@ size_t CachingAllocator::round_size(size_t size) {
   return (size + step - 1) / step * step;
 }
 
+// Slab blocks come in the quarter-power-of-two classes (256, 320, 384, 448,
+// 512, 640, 768, 896, 1024, 1280 KiB): at most a quarter of internal waste,
+// as above 1 MiB, and ten classes, so few slabs are partly used at a time. A
+// slab is the fewest huge pages (up to four) its class fills to within an
+// eighth (448 KiB: 4 in 2 MiB; 768 KiB: 5 in 4 MiB).
+namespace {
+size_t slab_class(size_t rounded) {
+  const size_t pow2 = size_t{1} << (63 - __builtin_clzll(rounded));
+  return round_up(rounded, pow2 / 4);
+}
+}  // namespace
+
+size_t CachingAllocator::slab_bytes(size_t block) {
+  if (block < kSlabMin || block >= kSlabMax) return 0;
+  for (size_t pages = 1; pages < 4; ++pages) {
+    const size_t bytes = pages * kHugePageBytes;
+    if (bytes % block <= bytes / 8) return bytes;
+  }
+  return 4 * kHugePageBytes;
+}
+
+bool CachingAllocator::use_slabs(size_t rounded) const {
+  return rounded >= kSlabMin && slab_class(rounded) < kSlabMax && !protect_enabled() && !shareable_ &&
+         shareable_holds_ == 0;
+}
+
+// The fullest slab of this class and owner with a free block: filling those
+// first lets the others empty, and empty_cache returns empty ones.
+CachingAllocator::Block* CachingAllocator::take_from_slab(DeviceState& ds, PrivatePool* pool, size_t size) {
+  Slab* best = nullptr;
+  for (const auto& slab : ds.slabs) {
+    if (slab->block_size != size || slab->pool != pool || slab->free.empty()) continue;
+    if (!best || slab->used > best->used) best = slab.get();
+  }
+  if (!best) return nullptr;
+  Block* b = best->free.back();
+  best->free.pop_back();
+  best->used++;
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_slab(DeviceState& ds, int device, PrivatePool* pool, size_t size) {
+  const size_t bytes = slab_bytes(size);
+  void* ptr = map_huge_aligned(bytes, bytes);
+  if (!ptr) return nullptr;
+  auto slab = std::make_unique<Slab>(Slab{device, ptr, bytes, size, pool});
+  slab->slots = bytes / size;
+  for (size_t i = slab->slots; i-- > 0;) {  // lowest address handed out first
+    auto* b = new Block{device, size, 0, static_cast<char*>(ptr) + i * size, false};
+    b->slab = slab.get();
+    segments_.emplace(reinterpret_cast<uintptr_t>(b->ptr), b);
+    slab->free.push_back(b);
+  }
+  notify(AllocatorEvent::Action::SegmentAlloc, device, ptr, bytes);
+  update(ds.stats.segment, size, 1);
+  update(ds.stats.reserved_bytes, size, static_cast<int64_t>(bytes));
+  ds.stats.num_device_alloc++;
+  ds.slabs.push_back(std::move(slab));
+  return take_from_slab(ds, pool, size);
+}
+
+void CachingAllocator::release_slab(DeviceState& ds, Slab* slab) {
+  notify(AllocatorEvent::Action::SegmentFree, slab->device, slab->ptr, slab->bytes);
+  update(ds.stats.segment, slab->block_size, -1);
+  update(ds.stats.reserved_bytes, slab->block_size, -static_cast<int64_t>(slab->bytes));
+  ds.stats.num_device_free++;
+  for (Block* b : slab->free) {
+    segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
+    delete b;
+  }
+  ::munmap(slab->ptr, slab->bytes);
+  ds.slabs.erase(std::find_if(ds.slabs.begin(), ds.slabs.end(), [&](const auto& s) { return s.get() == slab; }));
+}
+
 CachingAllocator::DeviceState& CachingAllocator::state(int device) const {
   check_device(device);
   if (devices_.empty()) {
     for (int i = 0; i < device_count(); ++i) {
       auto ds = std::make_unique<DeviceState>();
+      ds->device = i;
       ds->capacity = device_properties(i).total_memory;
       devices_.push_back(std::move(ds));
     }
@@ -132,6 +233,8 @@ void CachingAllocator::release_block(DeviceState& ds, Block* b) {
     destroy_shared_mapping({b->fd, b->ptr, b->mapped});
     shared_fds_--;
     shared_releases_++;
+  } else if (b->mapped_private) {
+    ::munmap(b->ptr, b->mapped);
   } else if (!protect_enabled()) {
     std::free(b->ptr);
   }
@@ -139,11 +242,26 @@ void CachingAllocator::release_block(DeviceState& ds, Block* b) {
 }
 
 void CachingAllocator::release_cached(DeviceState& ds) {
-  if (ds.cache.empty()) return;
-  const int device = ds.cache.begin()->second->device;
+  bool released = !ds.cache.empty();
   for (auto& [size, b] : ds.cache) release_block(ds, b);
   ds.cache.clear();
-  publish(device, ds.stats);
+  // Wholly free slabs of no private pool; a partly used one stays.
+  for (size_t i = ds.slabs.size(); i-- > 0;) {
+    Slab* slab = ds.slabs[i].get();
+    if (slab->used == 0 && !slab->pool) {
+      release_slab(ds, slab);
+      released = true;
+    }
+  }
+  if (released) publish(ds.device, ds.stats);
+}
+
+bool CachingAllocator::has_cached(const DeviceState& ds) const {
+  if (!ds.cache.empty()) return true;
+  for (const auto& slab : ds.slabs) {
+    if (slab->used == 0 && !slab->pool) return true;
+  }
+  return false;
 }
 
 void CachingAllocator::set_reclaim_hook(ReclaimHook hook) {
@@ -157,6 +275,10 @@ void* CachingAllocator::allocate(int device, size_t size) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   DeviceState& ds = state(device);
   size_t rounded = round_size(size);
+  const bool slab = use_slabs(rounded);
+  if (slab) rounded = slab_class(rounded);
+  // Bytes a new segment for this request reserves.
+  const size_t needed = slab ? slab_bytes(rounded) : rounded;
   // A capturing thread allocates from its graph's pool only: blocks of the
   // device's cache may be handed to other work while the graph replays.
   PrivatePool* pool = nullptr;
@@ -164,66 +286,73 @@ void* CachingAllocator::allocate(int device, size_t size) {
     auto p = allocating_to_pool_.find({device, std::this_thread::get_id()});
     if (p != allocating_to_pool_.end()) pool = p->second;
   }
-  Block* b = nullptr;
-  if (pool) {
+  auto take = [&]() -> Block* {
+    if (slab) return take_from_slab(ds, pool, rounded);
+    if (!pool) return take_cached(ds, rounded);
     auto it = pool->cache.lower_bound(rounded);
-    if (it != pool->cache.end() && it->first <= rounded + rounded / 4) {
-      b = it->second;
-      pool->cache.erase(it);
-    }
-  } else {
-    b = take_cached(ds, rounded);
-  }
-  if (!b && !pool) {
-    auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
-    if (reserved() + rounded > ds.capacity && reclaim_hook_) {
-      reclaim_hook_(device);
-      b = take_cached(ds, rounded);
-    }
+    if (it == pool->cache.end() || it->first > rounded + rounded / 4) return nullptr;
+    Block* cached = it->second;
+    pool->cache.erase(it);
+    return cached;
+  };
+  auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
+  Block* b = take();
+  if (!b && !pool && reserved() + needed > ds.capacity && reclaim_hook_) {
+    reclaim_hook_(device);
+    b = take();
   }
   if (!b) {
-    auto reserved = [&] { return static_cast<size_t>(ds.stats.reserved_bytes[kAllPools].current); };
-    if (reserved() + rounded > ds.capacity && !ds.cache.empty()) {
+    if (reserved() + needed > ds.capacity && has_cached(ds)) {
       ds.stats.num_alloc_retries++;
       release_cached(ds);
     }
-    void* ptr = nullptr;
-    SharedMapping shared;
-    if (reserved() + rounded <= ds.capacity) {
-      // Protect mode needs whole pages per segment.
-      size_t align = protect_enabled() ? protect_page_size() : kAlignment;
-      size_t bytes = (rounded + align - 1) / align * align;
-      if ((shareable_ || shareable_holds_ > 0) && rounded >= kShareableMin && shared_fds_ < shared_fd_budget()) {
-        shared = create_shared_mapping((rounded + kPageBytes - 1) / kPageBytes * kPageBytes);
-        ptr = shared.base;  // nullptr: fall back to private memory
-        bytes = shared.bytes;
+    if (slab) {
+      if (reserved() + needed <= ds.capacity) b = new_slab(ds, device, pool, rounded);
+    } else {
+      void* ptr = nullptr;
+      SharedMapping shared;
+      size_t mapped = 0;
+      if (reserved() + rounded <= ds.capacity) {
+        // Protect mode needs whole pages per segment.
+        size_t align = protect_enabled() ? protect_page_size() : kAlignment;
+        size_t bytes = (rounded + align - 1) / align * align;
+        if ((shareable_ || shareable_holds_ > 0) && rounded >= kShareableMin && shared_fds_ < shared_fd_budget()) {
+          shared = create_shared_mapping((rounded + kPageBytes - 1) / kPageBytes * kPageBytes);
+          ptr = shared.base;  // nullptr: fall back to private memory
+          bytes = shared.bytes;
+        }
+        if (ptr) {
+          if (protect_enabled()) protect_add_segment(ptr, bytes);
+        } else {
+          ptr = protect_enabled() ? protect_map_segment(bytes) : allocate_private(align, bytes, &mapped);
+        }
       }
       if (ptr) {
-        if (protect_enabled()) protect_add_segment(ptr, bytes);
-      } else {
-        ptr = protect_enabled() ? protect_map_segment(bytes) : allocate_private(align, bytes);
+        b = new Block{device, rounded, size, ptr, false};
+        if (shared.base) {
+          b->fd = shared.fd;
+          b->serial = ++shared_serial_;
+          b->mapped = shared.bytes;
+          shared_fds_++;
+        } else if (mapped) {
+          b->mapped_private = true;
+          b->mapped = mapped;
+        }
+        b->pool = pool;
+        segments_.emplace(reinterpret_cast<uintptr_t>(ptr), b);
+        notify(AllocatorEvent::Action::SegmentAlloc, device, ptr, rounded);
+        update(ds.stats.segment, rounded, 1);
+        update(ds.stats.reserved_bytes, rounded, static_cast<int64_t>(rounded));
+        ds.stats.num_device_alloc++;
       }
     }
-    if (!ptr) {
+    if (!b) {
       ds.stats.num_ooms++;
       notify(AllocatorEvent::Action::Oom, device, nullptr, size);
       throw OutOfMemoryError(device, size,
                              static_cast<size_t>(ds.stats.allocated_bytes[kAllPools].current),
                              reserved(), ds.capacity);
     }
-    b = new Block{device, rounded, size, ptr, false};
-    if (shared.base) {
-      b->fd = shared.fd;
-      b->serial = ++shared_serial_;
-      b->mapped = shared.bytes;
-      shared_fds_++;
-    }
-    b->pool = pool;
-    segments_.emplace(reinterpret_cast<uintptr_t>(ptr), b);
-    notify(AllocatorEvent::Action::SegmentAlloc, device, ptr, rounded);
-    update(ds.stats.segment, rounded, 1);
-    update(ds.stats.reserved_bytes, rounded, static_cast<int64_t>(rounded));
-    ds.stats.num_device_alloc++;
   }
   b->in_use = true;
   if (protect_enabled()) protect_set_live(b->ptr, true);
@@ -255,7 +384,10 @@ void CachingAllocator::free(void* ptr) {
   update(ds.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
-  if (b->pool) {
+  if (b->slab) {
+    b->slab->used--;
+    b->slab->free.push_back(b);
+  } else if (b->pool) {
     b->pool->cache.emplace(b->size, b);
   } else if (ds.spare_nodes.empty()) {
     ds.cache.emplace(b->size, b);
@@ -343,7 +475,10 @@ std::vector<BlockInfo> CachingAllocator::snapshot() const {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   std::vector<BlockInfo> out;
   out.reserve(segments_.size());
-  for (const auto& [addr, b] : segments_) out.push_back({b->device, addr, b->size, b->requested, b->in_use});
+  for (const auto& [addr, b] : segments_) {
+    const uintptr_t seg = b->slab ? reinterpret_cast<uintptr_t>(b->slab->ptr) : addr;
+    out.push_back({b->device, addr, b->size, b->requested, b->in_use, seg, b->slab ? b->slab->bytes : b->size});
+  }
   return out;
 }
 
@@ -407,6 +542,9 @@ void CachingAllocator::release_pool(int device, MempoolId id) {
   for (auto& [addr, b] : segments_) {
     if (b->pool == pool) b->pool = nullptr;  // to the device's cache when freed
   }
+  for (auto& slab : ds.slabs) {
+    if (slab->pool == pool) slab->pool = nullptr;
+  }
   pools_.erase(it);
 }
 
@@ -432,6 +570,9 @@ size_t CachingAllocator::pool_reserved_bytes(int device, MempoolId id) const {
   size_t bytes = 0;
   for (const auto& [addr, b] : segments_) {
     if (b->pool == it->second.get()) bytes += b->size;
+  }
+  for (const auto& slab : state(device).slabs) {
+    if (slab->pool == it->second.get()) bytes += slab->bytes;
   }
   return bytes;
 }

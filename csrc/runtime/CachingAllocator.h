@@ -8,6 +8,10 @@
 // reads like torch.cuda.memory_stats().
 // Private pools (device graphs, Graph.h) keep their own cache: blocks made
 // for a capture are reused only by that pool's graphs while one lives.
+// Medium blocks (256 KiB to 1.5 MiB) are carved out of shared huge-page slabs
+// (a segment of whole 2 MiB pages holding blocks of one size class), as the
+// CUDA allocator's small pool splits 2 MiB segments: they then read at the
+// rate of huge pages too (CachingAllocator.cpp, docs/runtime.md).
 #pragma once
 
 #include <array>
@@ -31,6 +35,12 @@ class CachingAllocator {
  public:
   static constexpr size_t kSmallSize = kSmallPoolLimit;
   static constexpr size_t kAlignment = 64;
+  // Rounded sizes in [kSlabMin, kSlabMax) come from slabs (not in protect
+  // mode, nor while device memory is shareable: those need a segment each).
+  static constexpr size_t kSlabMin = size_t{256} << 10;
+  static constexpr size_t kSlabMax = size_t{3} << 19;
+  // The slab size for blocks of rounded size `block` (0: not a slab size).
+  static size_t slab_bytes(size_t block);
 
   static CachingAllocator& instance();
 
@@ -98,6 +108,7 @@ class CachingAllocator {
   CachingAllocator() = default;
 
   struct PrivatePool;
+  struct Slab;
   struct Block {
     int device;
     size_t size;       // rounded size
@@ -108,6 +119,20 @@ class CachingAllocator {
     uint64_t serial = 0;  // its id for peers (0: private)
     size_t mapped = 0;    // its mapped length
     PrivatePool* pool = nullptr;  // the private pool it returns to
+    bool mapped_private = false;  // own mmap of `mapped` bytes (munmap on release)
+    Slab* slab = nullptr;         // the slab it was carved from
+  };
+  // A huge-page segment cut into equal blocks. Its blocks stay in segments_
+  // (free ones too: they are its cache) until the slab is released whole.
+  struct Slab {
+    int device;
+    void* ptr;
+    size_t bytes;
+    size_t block_size;
+    PrivatePool* pool = nullptr;  // the private pool whose captures it serves
+    std::vector<Block*> free;     // its free blocks, highest address first
+    size_t used = 0;              // blocks in use
+    size_t slots = 0;
   };
   struct PrivatePool {
     std::multimap<size_t, Block*> cache;  // its free blocks by size
@@ -120,6 +145,8 @@ class CachingAllocator {
     std::vector<std::multimap<size_t, Block*>::node_type> spare_nodes;
     DeviceStats stats;
     size_t capacity = 0;  // the budget in force (total_memory × fraction)
+    std::vector<std::unique_ptr<Slab>> slabs;
+    int device = 0;
   };
   void notify(AllocatorEvent::Action action, int device, const void* ptr, size_t size) const {
     if (observer_) observer_({action, device, reinterpret_cast<uintptr_t>(ptr), size});
@@ -128,7 +155,12 @@ class CachingAllocator {
   DeviceState& state(int device) const;
   Block* take_cached(DeviceState& ds, size_t size);
   void release_cached(DeviceState& ds);
+  bool has_cached(const DeviceState& ds) const;
   void release_block(DeviceState& ds, Block* block);
+  Block* take_from_slab(DeviceState& ds, PrivatePool* pool, size_t size);
+  Block* new_slab(DeviceState& ds, int device, PrivatePool* pool, size_t size);
+  void release_slab(DeviceState& ds, Slab* slab);
+  bool use_slabs(size_t rounded) const;
 
   mutable std::recursive_mutex mutex_;
   mutable std::vector<std::unique_ptr<DeviceState>> devices_;

@@ -59,13 +59,16 @@ struct AllocatorEvent {
 // Called with the allocator's lock held: it must not call the allocator.
 using AllocatorObserver = void (*)(const AllocatorEvent&);
 
-// One block of a snapshot. Blocks are never split, so a block is a segment.
+// One block of a snapshot, and the segment holding it: a segment is one
+// block, or a slab of equal medium blocks (CachingAllocator.h).
 struct BlockInfo {
   int device;
   uintptr_t address;
   size_t size;
   size_t requested;
   bool in_use;
+  uintptr_t segment_address = 0;
+  size_t segment_size = 0;
 };
 
 }  // namespace neuronrt
