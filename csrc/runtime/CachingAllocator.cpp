@@ -154,15 +154,20 @@ bool CachingAllocator::use_slabs(size_t rounded) const {
 // The fullest slab of this class and owner with a free block: filling those
 // first lets the others empty, and empty_cache returns empty ones.
 CachingAllocator::Block* CachingAllocator::take_from_slab(DeviceState& ds, PrivatePool* pool, size_t size) {
-  Slab* best = nullptr;
-  for (const auto& slab : ds.slabs) {
-    if (slab->block_size != size || slab->pool != pool || slab->free.empty()) continue;
-    if (!best || slab->used > best->used) best = slab.get();
+  auto best = ds.open_slabs.end();
+  for (auto it = ds.open_slabs.begin(); it != ds.open_slabs.end(); ++it) {
+    if ((*it)->block_size != size || (*it)->pool != pool) continue;
+    if (best == ds.open_slabs.end() || (*it)->used > (*best)->used) best = it;
   }
-  if (!best) return nullptr;
-  Block* b = best->free.back();
-  best->free.pop_back();
-  best->used++;
+  if (best == ds.open_slabs.end()) return nullptr;
+  Slab* slab = *best;
+  Block* b = slab->free.back();
+  slab->free.pop_back();
+  slab->used++;
+  if (slab->free.empty()) {  // full: no longer looked at
+    *best = ds.open_slabs.back();
+    ds.open_slabs.pop_back();
+  }
   return b;
 }
 
@@ -182,6 +187,7 @@ CachingAllocator::Block* CachingAllocator::new_slab(DeviceState& ds, int device,
   update(ds.stats.segment, size, 1);
   update(ds.stats.reserved_bytes, size, static_cast<int64_t>(bytes));
   ds.stats.num_device_alloc++;
+  ds.open_slabs.push_back(slab.get());
   ds.slabs.push_back(std::move(slab));
   return take_from_slab(ds, pool, size);
 }
@@ -196,6 +202,7 @@ void CachingAllocator::release_slab(DeviceState& ds, Slab* slab) {
     delete b;
   }
   ::munmap(slab->ptr, slab->bytes);
+  std::erase(ds.open_slabs, slab);
   ds.slabs.erase(std::find_if(ds.slabs.begin(), ds.slabs.end(), [&](const auto& s) { return s.get() == slab; }));
 }
 
@@ -385,6 +392,7 @@ void CachingAllocator::free(void* ptr) {
   update(ds.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
   update(ds.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
   if (b->slab) {
+    if (b->slab->free.empty()) ds.open_slabs.push_back(b->slab);
     b->slab->used--;
     b->slab->free.push_back(b);
   } else if (b->pool) {

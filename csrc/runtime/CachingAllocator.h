@@ -146,6 +146,9 @@ class CachingAllocator {
     DeviceStats stats;
     size_t capacity = 0;  // the budget in force (total_memory × fraction)
     std::vector<std::unique_ptr<Slab>> slabs;
+    // The slabs with a free block: an allocation looks at these only (a
+    // full slab, the common case of a process's weights, is never visited).
+    std::vector<Slab*> open_slabs;
     int device = 0;
   };
   void notify(AllocatorEvent::Action action, int device, const void* ptr, size_t size) const {
