@@ -136,7 +136,7 @@ TEST(Workers, SleepingWorkersWakeForTheNextSplit) {
   int both = 0;
   for (int i = 0; i < 5; ++i) {
     Visits v(1 << 12);
-    split(v, 2, 1 << 12, 1, /*slow=*/true);
+    split(v, 2, 1 << 12, 1 << 9, /*slow=*/true);
     for (int64_t j = 0; j < (1 << 12); ++j) ASSERT_EQ(v.count[j].load(), 1);
     both += v.threads.size() == 2u;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
