@@ -21,13 +21,17 @@ namespace {
 // between a decode step's matmuls (the other kernels between them), much
 // shorter than the gaps between steps.
 constexpr auto kSpin = std::chrono::microseconds(200);
-// Pauses before a waiting thread yields its core instead (~10 us): the
+// Pauses before an idle worker yields its core instead (a few us): the
 // threads that need that core between our splits -- the executor's OpenMP
-// worker (attention, Inductor's kernels), the engine's Python, our own
-// caller when both share a core -- get it at once rather than when the
-// scheduler takes it from a spinning thread; with nothing else runnable a
-// yield returns at once, so the wake-up stays as short.
-constexpr int kPauses = 128;
+// worker (attention, Inductor's kernels), the engine's Python, our caller
+// when both share a core -- get it at once rather than when the scheduler
+// takes it from a spinning thread; with nothing else runnable a yield
+// returns at once, so the wake-up stays as short.
+constexpr int kWorkerPauses = 128;
+// The caller (a stream's executor) waiting for the chunks workers still run
+// yields only after much longer: on a loaded host a yield hands its core to
+// another process for a time slice.
+constexpr int kCallerPauses = 4096;
 // Chunks per thread: threads take chunks until none is left, so a worker
 // that starts late (woken, or off its core) costs the split little.
 constexpr int64_t kChunksPerThread = 4;
@@ -87,7 +91,7 @@ class Pool {
     // Chunks that workers claimed and still run; a worker the scheduler took
     // off its core gets the core back by the yields.
     for (int i = 0; done_.load(std::memory_order_acquire) < chunks; ++i) {
-      if (i < kPauses) {
+      if (i < kCallerPauses) {
         relax();
       } else {
         std::this_thread::yield();
@@ -138,7 +142,7 @@ class Pool {
           published_.wait(seen, std::memory_order_seq_cst);
           sleepers_.fetch_sub(1, std::memory_order_relaxed);
           start = std::chrono::steady_clock::now();
-        } else if (i < kPauses) {
+        } else if (i < kWorkerPauses) {
           relax();
         } else {
           std::this_thread::yield();
