@@ -101,7 +101,10 @@ void matmul(const at::Tensor& a, const at::Tensor& wt, const at::Tensor* bias, c
   const int64_t ldb = bias ? bias_row_stride(*bias) : 0;
   float* po = out.mutable_data_ptr<float>();
   const int64_t lda = a.stride(0), ldw = wt.stride(1), ldo = out.stride(0);
-  const int64_t grain = std::max<int64_t>(16, kChunkBytes / (k * 4));
+  // Past a pass of 64 rows (the GEMM's, runtime/Gemm.h) a weight row is
+  // more work: grains grow with the passes, so a long prefill split keeps
+  // its few large chunks (each chunk streams the activations once more).
+  const int64_t grain = std::max<int64_t>(16, kChunkBytes / (k * 4)) * ((m + 63) / 64);
   const int threads = at::get_num_threads();
   // The runtime's workers, not at::parallel_for: see runtime/Workers.h.
   if (m <= neuronrt::kGemvMaxRows) {

@@ -21,9 +21,25 @@ namespace {
 // between a decode step's matmuls (the other kernels between them), much
 // shorter than the gaps between steps.
 constexpr auto kSpin = std::chrono::microseconds(200);
+// Pauses before an idle worker yields its core instead (a few us): the
+// threads that need that core between our splits -- the executor's OpenMP
+// worker (attention, Inductor's kernels), the engine's Python, our caller
+// when both share a core -- get it at once rather than when the scheduler
+// takes it from a spinning thread; with nothing else runnable a yield
+// returns at once, so the wake-up stays as short.
+constexpr int kWorkerPauses = 128;
+// The caller (a stream's executor) waiting for the chunks workers still run
+// yields only after much longer: on a loaded host a yield hands its core to
+// another process for a time slice.
+constexpr int kCallerPauses = 4096;
 // Chunks per thread: threads take chunks until none is left, so a worker
 // that starts late (woken, or off its core) costs the split little.
 constexpr int64_t kChunksPerThread = 4;
+// And chunks of at most this many grains: in a long split (an LM head's
+// 113 MB of weights) a thread that loses its core holds at most one such
+// chunk (~1 MB of weights, well under a time slice of work) for the others
+// to wait on at the end, not an eighth of the split.
+constexpr int64_t kMostGrainsPerChunk = 8;
 // A claim packs the job number above the next chunk index.
 constexpr int kIndexBits = 16;
 constexpr uint64_t kIndexMask = (uint64_t{1} << kIndexBits) - 1;
@@ -53,7 +69,9 @@ class Pool {
     std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
     if (!lock.owns_lock()) return false;
     grow(threads - 1);
-    const int64_t chunk = std::max(grain, (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+    const int64_t even = (n + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
+    // (and no more chunks than a claim can count)
+    const int64_t chunk = std::max({grain, std::min(even, grain * kMostGrainsPerChunk), (n + int64_t{kIndexMask} - 1) / int64_t{kIndexMask}});
     const int64_t chunks = (n + chunk - 1) / chunk;
     fn_.store(fn, std::memory_order_relaxed);
     ctx_.store(ctx, std::memory_order_relaxed);
@@ -73,7 +91,7 @@ class Pool {
     // Chunks that workers claimed and still run; a worker the scheduler took
     // off its core gets the core back by the yields.
     for (int i = 0; done_.load(std::memory_order_acquire) < chunks; ++i) {
-      if (i < 4096) {
+      if (i < kCallerPauses) {
         relax();
       } else {
         std::this_thread::yield();
@@ -119,13 +137,15 @@ class Pool {
           seen = job;
           break;
         }
-        if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) {
+        if ((i & 15) == 15 && std::chrono::steady_clock::now() - start > kSpin) {
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
           published_.wait(seen, std::memory_order_seq_cst);
           sleepers_.fetch_sub(1, std::memory_order_relaxed);
           start = std::chrono::steady_clock::now();
-        } else {
+        } else if (i < kWorkerPauses) {
           relax();
+        } else {
+          std::this_thread::yield();
         }
       }
       // Workers beyond the job's thread count sit it out.

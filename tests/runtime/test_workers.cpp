@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -65,9 +66,9 @@ TEST(Workers, SplitsRunOnSeveralThreadsAndTheCaller) {
   if (cores() < 2) GTEST_SKIP() << "one core: no split";
   const int64_t before = neuronrt::parallel_splits();
   Visits v(1 << 16);
-  split(v, 3, 1 << 16, 1, /*slow=*/true);
+  split(v, 3, 1 << 16, 1 << 12, /*slow=*/true);
   EXPECT_EQ(neuronrt::parallel_splits(), before + 1);
-  // 12 chunks of 5 ms: the workers wake and take some (one thread a core at most).
+  // 8-12 chunks of 5 ms: the workers wake and take some (one thread a core at most).
   EXPECT_EQ(static_cast<int64_t>(v.threads.size()), std::min<int64_t>(3, cores()));
   EXPECT_EQ(v.threads.count(std::this_thread::get_id()), 1u);
   EXPECT_EQ(v.names.count("neuron-work0"), 1u);  // named for top -H / perf
@@ -79,6 +80,25 @@ TEST(Workers, SplitsRunOnSeveralThreadsAndTheCaller) {
   EXPECT_EQ(neuronrt::parallel_splits(), before + 1);
   EXPECT_EQ(one.threads, std::set<std::thread::id>{std::this_thread::get_id()});
   EXPECT_EQ(small.threads, std::set<std::thread::id>{std::this_thread::get_id()});
+}
+
+TEST(Workers, LongSplitsRunInChunksOfAFewGrains) {
+  if (cores() < 2) GTEST_SKIP() << "one core: no split";
+  // At most 8 grains a chunk, however long the split; and never more chunks
+  // than the claim's 16 bits count (a range of 1 << 20 at grain 1).
+  for (auto [n, grain, most] : {std::tuple<int64_t, int64_t, int64_t>{1 << 16, 16, 128}, {1 << 20, 1, 17}}) {
+    std::mutex mutex;
+    int64_t calls = 0, largest = 0, covered = 0;
+    neuronrt::parallel_for(2, n, grain, [&](int64_t begin, int64_t end) {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++calls;
+      largest = std::max(largest, end - begin);
+      covered += end - begin;
+    });
+    EXPECT_EQ(covered, n);
+    EXPECT_LE(largest, most) << "n " << n;
+    EXPECT_GE(calls, n / most) << "n " << n;
+  }
 }
 
 TEST(Workers, ConcurrentCallersEachGetTheirWholeRange) {
@@ -116,7 +136,7 @@ TEST(Workers, SleepingWorkersWakeForTheNextSplit) {
   int both = 0;
   for (int i = 0; i < 5; ++i) {
     Visits v(1 << 12);
-    split(v, 2, 1 << 12, 1, /*slow=*/true);
+    split(v, 2, 1 << 12, 1 << 9, /*slow=*/true);
     for (int64_t j = 0; j < (1 << 12); ++j) ASSERT_EQ(v.count[j].load(), 1);
     both += v.threads.size() == 2u;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
