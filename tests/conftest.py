@@ -18,6 +18,17 @@ def assert_same(neuron_out, cpu_out, **tol):
     torch.testing.assert_close(neuron_out.cpu(), cpu_out, **tol)
 
 
+def assert_cache_released(device=None):
+    """What ``empty_cache`` leaves: no segment without a live block. Reserved
+    bytes beyond the allocated ones are then only the free blocks of slabs
+    that still hold a live one (docs/runtime.md, "Device memory")."""
+    index = torch.neuron.current_device() if device is None else torch.device("neuron", device).index
+    segments = [s for s in torch.neuron.memory_snapshot() if s["device"] == index]
+    assert all(s["allocated_size"] > 0 for s in segments), [s for s in segments if not s["allocated_size"]]
+    assert torch.neuron.memory_reserved(index) == sum(s["total_size"] for s in segments)
+    assert torch.neuron.memory_allocated(index) == sum(s["allocated_size"] for s in segments)
+
+
 def tiny_llama(**config):
     """A 2-layer Llama with grouped key/value heads (4 query, 2 key/value), seeded, in
     eval mode, on the CPU: the tests' small Transformers decoder."""

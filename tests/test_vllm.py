@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch_neuronx
 
-from conftest import run_python
+from conftest import assert_cache_released, run_python
 
 # vLLM's CPU worker module replaces process-wide torch functions with CPU stand-ins when it
 # is imported (vllm/v1/worker/cpu/shm.py); the in-process engine imports it into this test
@@ -232,7 +232,7 @@ def test_engine_process_keeps_the_devices_accelerator_functions(engine):
     assert torch.accelerator.get_memory_info() == torch.neuron.mem_get_info()
     del t
     torch.accelerator.empty_cache()
-    assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated()
+    assert_cache_released()
 
 
 def test_largest_allocation_fits_the_caching_allocator():
