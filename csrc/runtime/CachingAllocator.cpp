@@ -41,6 +41,13 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// `size` rounded up to a quarter step between powers of two: internal waste
+// is bounded to 25 %.
+size_t quarter_step(size_t size) {
+  const size_t pow2 = size_t{1} << (63 - __builtin_clzll(size));
+  return round_up(size, pow2 / 4);
+}
+
 // `bytes` (whole pages) at a huge-page boundary, the first `huge` of them
 // advised for huge pages; nullptr when the kernel refuses.
 void* map_huge_aligned(size_t bytes, size_t huge) {
@@ -119,10 +126,7 @@ size_t CachingAllocator::round_size(size_t size) {
     constexpr size_t kStep = 512;
     return std::max(kStep, (size + kStep - 1) / kStep * kStep);
   }
-  // Quarter steps between powers of two bound internal waste to 25 %.
-  size_t pow2 = size_t{1} << (63 - __builtin_clzll(size));
-  size_t step = pow2 / 4;
-  return (size + step - 1) / step * step;
+  return quarter_step(size);
 }
 
 // Slab blocks come in the quarter-power-of-two classes (256, 320, 384, 448,
@@ -131,10 +135,7 @@ size_t CachingAllocator::round_size(size_t size) {
 // slab is the fewest huge pages (up to four) its class fills to within an
 // eighth (448 KiB: 4 in 2 MiB; 768 KiB: 5 in 4 MiB).
 namespace {
-size_t slab_class(size_t rounded) {
-  const size_t pow2 = size_t{1} << (63 - __builtin_clzll(rounded));
-  return round_up(rounded, pow2 / 4);
-}
+size_t slab_class(size_t rounded) { return quarter_step(rounded); }
 }  // namespace
 
 size_t CachingAllocator::slab_bytes(size_t block) {
