@@ -103,9 +103,10 @@ class Kernel {
   virtual void recorded() noexcept {}
   // A graph replay: the number of recorded kernels it runs (-1: not a replay).
   virtual int64_t graph_kernels() const noexcept { return -1; }
-  // Called by a graph replay a few kernels before run(): start loading what
-  // run() reads (the kernel's state, its small operands) into the caches,
-  // which the replay's large kernels have flushed since the last replay.
+  // Called by a graph replay a few kernels before run(): start loading the
+  // state run() reads through this object (a prepared kernel object, an
+  // argument stack) into the caches, which the replay's large kernels have
+  // flushed since the last replay.
   // Hints only (prefetch_range): no effect on results.
   virtual void prefetch() const noexcept {}
 };
