@@ -183,6 +183,10 @@ class QueuedKernel final : public neuronrt::Kernel {
   const char* name() const noexcept override { return name_; }
   size_t bytes() const noexcept override { return bytes_; }
   void recorded() noexcept override { recorded_ = true; }
+  void prefetch() const noexcept override {
+    neuronrt::prefetch_range(this, sizeof(*this));
+    if constexpr (requires(const F& f) { f.prefetch(); }) body_.prefetch();
+  }
   // A c10::Error is reported at a later synchronization point, so it keeps
   // the message, not the executor thread's C++ backtrace.
   void run() override {
@@ -233,6 +237,10 @@ class OpCall {
   OpCall(const c10::OperatorHandle& op, Mode mode, Args args, Outs outputs)
       : op_(op), mode_(mode), args_(std::move(args)), outputs_(std::move(outputs)) {}
 
+  // Before a replay runs it (Kernel::prefetch): the state its run reads
+  // through this object, found at its first replay.
+  void prefetch() const noexcept { neuronrt::prefetch_range(state_, state_bytes_); }
+
   void operator()(bool replay) {
     if (replay) {
       if (!prepared_tried_) {
@@ -242,10 +250,14 @@ class OpCall {
         } else if (mode_ == Mode::Out && outputs_.size() == 1) {
           prepared_ = prepare_replay_call(op_, args_, outputs_[0]);
         }
+        find_state();
       }
       if (prepared_) {
         prepared_->run();
-        if (!prepared_->rerunnable()) prepared_.reset();
+        if (!prepared_->rerunnable()) {
+          prepared_.reset();
+          find_state();
+        }
         return;
       }
     }
@@ -258,12 +270,26 @@ class OpCall {
   }
 
  private:
+  // What a replayed run reads besides this object: the prepared kernel
+  // object (its iterator), or the argument stack of the dispatcher call.
+  void find_state() {
+    if (prepared_) {
+      state_ = prepared_.get();
+      state_bytes_ = prepared_->footprint();
+    } else {
+      state_ = args_.data();
+      state_bytes_ = args_.size() * sizeof(c10::IValue);
+    }
+  }
+
   c10::OperatorHandle op_;
   Mode mode_;
   Args args_;
   Outs outputs_;
   std::unique_ptr<ReplayCall> prepared_;
   bool prepared_tried_ = false;
+  const void* state_ = nullptr;
+  size_t state_bytes_ = 0;
 };
 
 template <class F>

@@ -112,6 +112,7 @@ class StructuredCall final : public ReplayCall {
     if (kernel_.ntensors() != operands_) rerunnable_ = false;
   }
   bool rerunnable() const override { return rerunnable_; }
+  size_t footprint() const override { return sizeof(*this); }
 
  private:
   Args args_;
@@ -162,6 +163,7 @@ class MetaCall final : public ReplayCall {
   }
   void run() override { impl_(kernel_, args_, *state_); }
   bool rerunnable() const override { return true; }
+  size_t footprint() const override { return sizeof(*this); }
 
  private:
   Args args_;
@@ -245,6 +247,7 @@ class ReductionCall final : public ReplayCall {
     if (divide_) divide_->run();
   }
   bool rerunnable() const override { return !divide_ || divide_->rerunnable(); }
+  size_t footprint() const override { return sizeof(*this); }
 
  private:
   Args args_;  // keeps the operands alive (the iterator holds its own views)
@@ -329,6 +332,7 @@ class CatCopies final : public ReplayCall {
     for (at::TensorIterator& copy : copies_) at::native::copy_stub(at::kCPU, copy, /*non_blocking=*/false);
   }
   bool rerunnable() const override { return true; }
+  size_t footprint() const override { return sizeof(*this); }
 
  private:
   Args args_;
@@ -390,6 +394,7 @@ class IteratorCall final : public ReplayCall {
       : args_(std::move(args)), iter_(std::move(iter)), stub_(std::move(stub)) {}
   void run() override { stub_(iter_); }
   bool rerunnable() const override { return true; }
+  size_t footprint() const override { return sizeof(*this); }
 
  private:
   Args args_;  // keeps the operands alive (the iterator owns its views)

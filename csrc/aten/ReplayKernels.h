@@ -30,6 +30,9 @@ class ReplayCall {
   // False when the first run() showed that the kernel changes its own state
   // (e.g. drops a scalar operand) and cannot run again.
   virtual bool rerunnable() const = 0;
+  // The bytes of this object (its inline state, e.g. a TensorIterator), for
+  // prefetching before a replay runs it.
+  virtual size_t footprint() const = 0;
 };
 
 // The prepared form of `op` (an out= or in-place overload) over `args` (its

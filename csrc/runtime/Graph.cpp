@@ -1,5 +1,6 @@
 #include "Graph.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "CachingAllocator.h"
@@ -24,16 +25,28 @@ class GraphKernel final : public Kernel {
     // The record is not changed after capture_end; its kernels (which may
     // keep state across runs) run in one replay at a time.
     std::lock_guard<std::mutex> lock(record_->replay_mutex);
-    for (const std::unique_ptr<Kernel>& k : record_->kernels) {
+    // A replay's state is cold at each replay when its large kernels stream
+    // more than the caches hold (a decode step's weights): each kernel's
+    // object is prefetched kObjectAhead kernels before it runs, and what it
+    // reads through that object (Kernel::prefetch) kStateAhead kernels before.
+    const std::vector<std::unique_ptr<Kernel>>& kernels = record_->kernels;
+    const size_t n = kernels.size();
+    for (size_t i = 0; i < std::min(n, kObjectAhead); ++i) prefetch_range(kernels[i].get(), kObjectBytes);
+    for (size_t i = 0; i < std::min(n, kStateAhead); ++i) kernels[i]->prefetch();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kObjectAhead < n) prefetch_range(kernels[i + kObjectAhead].get(), kObjectBytes);
+      if (i + kStateAhead < n) kernels[i + kStateAhead]->prefetch();
+      Kernel& k = *kernels[i];
       try {
-        k->run();
+        k.run();
       } catch (const std::exception& ex) {
-        throw Error(std::string(k->name()) + " (a kernel of the graph): " + ex.what());
+        throw Error(std::string(k.name()) + " (a kernel of the graph): " + ex.what());
       }
     }
   }
 
  private:
+  static constexpr size_t kObjectAhead = 8, kStateAhead = 4, kObjectBytes = 256;
   std::shared_ptr<CaptureRecord> record_;
 };
 

@@ -103,7 +103,20 @@ class Kernel {
   virtual void recorded() noexcept {}
   // A graph replay: the number of recorded kernels it runs (-1: not a replay).
   virtual int64_t graph_kernels() const noexcept { return -1; }
+  // Called by a graph replay a few kernels before run(): start loading the
+  // state run() reads through this object (a prepared kernel object, an
+  // argument stack) into the caches, which the replay's large kernels have
+  // flushed since the last replay.
+  // Hints only (prefetch_range): no effect on results.
+  virtual void prefetch() const noexcept {}
 };
+
+// Prefetch hints for the cache lines of [p, p + bytes), at most `max_bytes`.
+inline void prefetch_range(const void* p, size_t bytes, size_t max_bytes = 4096) noexcept {
+  const char* c = static_cast<const char*>(p);
+  const size_t n = bytes < max_bytes ? bytes : max_bytes;
+  for (size_t i = 0; i < n; i += 64) __builtin_prefetch(c + i);
+}
 
 // Launches. Synchronous: Stream::launch(fn, name) runs `fn` in order on the
 // stream and returns when it has run (errors propagate); the PyTorch layer's

@@ -492,3 +492,55 @@ TEST(Graph, EventsDoNotCrossTheCaptureBoundary) {
   s0.synchronize();
   EXPECT_EQ(ran, 1);
 }
+
+namespace {
+
+// Logs its prefetch() and run() calls ("p3", "r3").
+class PrefetchLogKernel final : public neuronrt::Kernel {
+ public:
+  PrefetchLogKernel(int id, std::vector<std::string>* log) : id_(id), log_(log) {}
+  const char* name() const noexcept override { return "prefetch-log"; }
+  size_t bytes() const noexcept override { return 0; }
+  void run() override { log_->push_back("r" + std::to_string(id_)); }
+  void prefetch() const noexcept override { log_->push_back("p" + std::to_string(id_)); }
+
+ private:
+  int id_;
+  std::vector<std::string>* log_;
+};
+
+}  // namespace
+
+TEST(Graph, AReplayPrefetchesEachKernelOnceBeforeItRuns) {
+  auto& s = neuronrt::pool_stream(0, 0);
+  std::vector<std::string> log;
+  constexpr int kKernels = 20;  // more than the replay's prefetch distance
+  neuronrt::Graph g;
+  g.capture_begin(s);
+  for (int i = 0; i < kKernels; ++i) s.enqueue(std::make_unique<PrefetchLogKernel>(i, &log));
+  g.capture_end();
+  for (int replay = 0; replay < 2; ++replay) {
+    log.clear();
+    g.replay(s);
+    s.synchronize();
+    ASSERT_EQ(log.size(), 2u * kKernels);
+    std::vector<std::string> runs;
+    for (const std::string& e : log) {
+      if (e[0] == 'r') runs.push_back(e);
+    }
+    for (int i = 0; i < kKernels; ++i) {
+      const std::string id = std::to_string(i);
+      EXPECT_EQ(runs[i], "r" + id);  // the order is unchanged
+      auto p = std::find(log.begin(), log.end(), "p" + id);
+      auto r = std::find(log.begin(), log.end(), "r" + id);
+      ASSERT_NE(p, log.end());
+      EXPECT_LT(p, r) << "kernel " << i << " ran before its prefetch";
+      EXPECT_EQ(std::count(log.begin(), log.end(), "p" + id), 1);
+    }
+  }
+  // An eager launch is not prefetched.
+  log.clear();
+  s.enqueue(std::make_unique<PrefetchLogKernel>(99, &log));
+  s.synchronize();
+  EXPECT_EQ(log, (std::vector<std::string>{"r99"}));
+}
