@@ -430,6 +430,19 @@ def _per_row(x):
     return out
 
 
+@pytest.mark.parametrize("seq", [512, 200])
+def test_attention_head_query_tiles_run_split(seq):
+    # A head's records all run split by query rows (matmuls by their rows of
+    # dst, read through the transposed views of Q and E): the threads meet
+    # once, after K^T is written, where whole matmuls met twice each.
+    q, k = torch.randn(seq, 64).to(torch.bfloat16), torch.randn(256, 64).to(torch.bfloat16)
+    nat = _native.plan(K.attention_head.trace((q, k, k, 0.125)), True)
+    words = nat.words.reshape(nat.ninstr, -1)
+    assert (words[:, 0] == _native.OP_MM).sum() >= 3 * -(-seq // 128)
+    assert words[:, 13].tolist() == [0] * nat.ninstr
+    assert words[:, 14].sum().item() == 1 and words[1, 14] == 1 and words[1, 0] == _native.OP_MM
+
+
 @nki.jit
 def _shift_between_runs(x):
     """Two partition-local stretches around a DMA that rotates the partitions
@@ -458,8 +471,11 @@ def test_native_partition_mixing_between_local_runs(dtype, threads, monkeypatch)
     # F = 1024: a block is 32 rows, so each local stretch runs in several blocks.
     x = torch.randn(128, 1024).to(dtype)
     nat = _native.plan(_shift_between_runs.trace((x,)), True)
-    whole = nat.words.reshape(nat.ninstr, -1)[:, 13].tolist()
-    assert whole[0] == 0 and whole[-1] == 0 and 1 in whole  # local, whole, local
+    words = nat.words.reshape(nat.ninstr, -1)
+    # Every record runs split: the threads meet before the copies read rows
+    # other threads wrote, and before the product reads the shifted rows.
+    assert words[:, 0].tolist() == [_native.OP_ACT, _native.OP_TS, _native.OP_COPY, _native.OP_COPY, _native.OP_TT]
+    assert words[:, 13].tolist() == [0] * 5 and words[:, 14].tolist() == [0, 0, 1, 0, 1]
     monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -1200,8 +1216,10 @@ def test_native_transposes(dtype, threads, monkeypatch):
     assert nat.prog.max_free == 1024
     words = nat.words.reshape(nat.ninstr, -1)
     whole = words[:, 13].tolist()
-    copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and whole[i]]
-    assert len(copies) >= 5 and whole[0] == 0 and whole[-1] == 0  # transposes run whole, between local runs
+    copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and not whole[i]]
+    # The transposes run split (each thread its rows of dst), the threads
+    # meeting before a record reads what others wrote across partitions.
+    assert len(copies) >= 5 and sum(words[:, 14].tolist()) >= 3 and whole[0] == 0 and whole[-1] == 0
     monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

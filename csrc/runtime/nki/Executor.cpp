@@ -186,6 +186,7 @@ struct StretchPlan {
   int64_t fetch_rows = 0;          // the ranges hold rows [0, fetch_rows)
   int64_t fetch_per_row = 0;       // bytes fetched per row
   bool row_steps = false;          // one row per step (plan_stretch)
+  bool one_step = false;           // all of a thread's rows in one step (a matmul)
   int64_t i = 0, j = 0;
 
   // Bytes the stretch stores with streaming stores on partitions [p, pe).
@@ -253,6 +254,7 @@ void plan_stretch(const Ctx& c, int64_t i, int64_t j, StretchPlan& plan) {
     }
   }
   plan.row_steps = reread > 0 && !writes_rows;
+  plan.one_step = j == i + 1 && prog.record(i)[0] == OP_MM;
   for (int64_t k = i; k < j; ++k) {
     const int64_t* w = prog.record(k);
     if (w[0] == OP_FILL || w[0] == OP_NOP || w[0] == OP_MM) continue;
@@ -354,12 +356,16 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   const int64_t ninstr = prog.size();
   std::vector<int64_t> iterations(prog.has_loops() ? ninstr : 0);
   StretchPlan here, next;  // the stretch running, and the one after it
-  // The end of the stretch of partition-local records from i: up to the next
-  // whole record, barrier or loop iteration.
+  // The end of the stretch of split records from i: up to the next whole
+  // record, barrier or loop iteration. A matmul is a stretch of its own, run
+  // over all of the thread's rows in one step: its rows read the whole moving
+  // operand, packed once per call (in blocks of 64 rows an attention head
+  // packed its K^T twice as often, about 2 % of its time at 1 thread).
   auto stretch_end = [&](int64_t i) {
     int64_t j = i + 1;
+    if (prog.record(i)[0] == OP_MM) return j;
     while (j < ninstr && prog.record(j)[kWholeWord] == 0 && prog.record(j)[kBarrierWord] == 0 &&
-           prog.record(j)[kGroupWord] == 0)
+           prog.record(j)[kGroupWord] == 0 && prog.record(j)[0] != OP_MM)
       ++j;
     return j;
   };
@@ -373,12 +379,7 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     if (w[kWholeWord] != 0) {
       sc.prefetch.clear();
       if (sync) sync->arrive_and_wait();
-      // A matmul's output rows are independent: each thread computes its
-      // partitions' rows (unless dst shares a buffer with an operand).
-      const bool split = sync && w[0] == OP_MM && prog.view(i, 0).buf != prog.view(i, 1).buf &&
-                         prog.view(i, 0).buf != prog.view(i, 2).buf;
-      if (split) run_record(c, i, lo, hi, false, sc);
-      else if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
+      if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
       if (sync) sync->arrive_and_wait();
       ++i;
       continue;
@@ -401,12 +402,12 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     else plan_stretch(c, i, j, here);
     if (ahead) plan_stretch(c, j, stretch_end(j), next);
     else next.i = next.j = 0;  // no stretch is [0, 0)
-    const int64_t step = here.row_steps ? 1 : block;
+    const int64_t step = here.one_step ? hi - lo : here.row_steps ? 1 : block;
     for (int64_t p = lo; p < hi; p += step) {
       const int64_t pe = std::min(p + step, hi);
       const int64_t out = here.streamed(p, pe);
       if (pe < hi) here.prefetch(pe, std::min(pe + step, hi), out, sc.prefetch);
-      else if (ahead) next.prefetch(lo, std::min(lo + (next.row_steps ? 1 : block), hi), out, sc.prefetch);
+      else if (ahead) next.prefetch(lo, std::min(lo + (next.one_step ? hi - lo : next.row_steps ? 1 : block), hi), out, sc.prefetch);
       else sc.prefetch.clear();
       for (const RowOp& op : here.ops) op.run(c, op, p, pe, sc);
     }
@@ -428,8 +429,8 @@ int useful_threads(const Program& prog, const std::vector<std::pair<char*, char*
   while (nt > 1 && bytes < kSmallBytes * nt) --nt;
   // Each whole record and barrier is a meeting of all threads (two for a whole
   // record): a program meeting more often than every kSmallBytes of its data
-  // (an attention head: a matmul and transposes per query tile) runs on one
-  // thread. Attention 512x64 at 2 threads took 1.5-8x its time at 1.
+  // runs on one thread. (Attention 512x64 at 2 threads took 1.5-8x its time at
+  // 1 when its matmuls and transposes ran whole; split, a head meets once.)
   int64_t meetings = 0;
   for (int64_t i = 0; i < prog.size(); ++i)
     meetings += prog.record(i)[kWholeWord] != 0 ? 2 : prog.record(i)[kBarrierWord] != 0 ? 1 : 0;
