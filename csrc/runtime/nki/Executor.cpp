@@ -1,10 +1,12 @@
 #include "Executor.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -92,15 +94,24 @@ class Pool {
   }
 
  private:
+  // About 0.3 ms of waiting before sleeping: pauses first, then yields, so
+  // a thread the caller waits for that shares its core (a loaded host) runs
+  // at once. With pauses only, attention 512x64 bf16 with both threads on
+  // one core took 1.03 ms a call against 0.49 on one thread.
   template <typename Ready>
   static bool spin(Ready ready) {
-    for (int i = 0; i < 20000; ++i) {
+    for (int i = 0; i < 128; ++i) {
       if (ready()) return true;
 #if defined(__x86_64__)
       _mm_pause();
 #endif
     }
-    return false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
+    while (!ready()) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      sched_yield();
+    }
+    return true;
   }
 
   // `seen`: the generation before the worker's first job.
