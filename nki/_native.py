@@ -909,6 +909,49 @@ def _fuse_matmul_operands(low, bound, apart):
         m += 1
 
 
+def _fold_packed_operands(low, bound):
+    """A copy of an HBM argument into a tile that only matmuls read, each
+    through the tile's whole view, as an operand narrower than fp32 (K^T of
+    an attention head, the moving operand of every query tile's QK^T): the
+    matmuls read the argument through the copy's source view instead, and the
+    copy goes. Such an operand is packed from its view by every matmul anyway
+    (Kernels.inc), and one of an argument no record writes keeps its packing
+    for the launch: K^T is then packed once, not once per query tile, and no
+    thread waits for a tile another one wrote. The tile must hold the
+    argument's values exactly (its dtype) and nothing may write the argument
+    (fp32 operands are read in place only with unit column stride, so they
+    keep their copy)."""
+    if any(w[0] in (OP_WHILE, OP_END) for w in low.words):
+        return
+    written = {v.storage.id for outs, _ins in low.access for v in outs}
+    k = 0
+    while k < len(low.words):
+        outs, ins = low.access[k]
+        if low.words[k][0] != OP_COPY or len(outs) != 1 or len(ins) != 1:
+            k += 1
+            continue
+        (t,), (x,) = outs, ins
+        sid, xid = t.storage.id, x.storage.id
+        users = [m for m in range(k + 1, len(low.words))
+                 if any(v.storage.id == sid for v in low.access[m][0] + low.access[m][1])]
+        if not (users and sid not in bound and xid in bound and xid not in written and _whole(t)
+                and tuple(t.shape) == tuple(x.shape) and low.dtypes[sid] == low.dtypes[xid]
+                and low.dtypes[xid].itemsize < 4
+                and all(low.words[m][0] == OP_MM and low.access[m][0][0].storage.id not in (sid, xid)
+                        and all(_same_view(v, t) for v in low.access[m][1] if v.storage.id == sid)
+                        for m in users)):
+            k += 1
+            continue
+        for m in users:
+            (d,), ops = low.access[m]
+            for i, op in enumerate(ops):
+                if op.storage.id == sid:
+                    at = HEADER + (1 + i) * VIEW_WORDS
+                    low.words[m][at:at + VIEW_WORDS] = low.words[k][HEADER + VIEW_WORDS:HEADER + 2 * VIEW_WORDS]
+            low.access[m] = ([d], [x if op.storage.id == sid else op for op in ops])
+        del low.words[k], low.imms[k], low.access[k]
+
+
 def _link_loops(words):
     heads = []
     for r, w in enumerate(words):
@@ -1046,6 +1089,7 @@ class NativeProgram:
             return sa + na <= sb or sb + nb <= sa
         _fuse_copies(low, bound, apart)
         _fuse_matmul_operands(low, bound, apart)
+        _fold_packed_operands(low, bound)
         _link_loops(low.words)
         _schedule(low, self.offsets)
         # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a
