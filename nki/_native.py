@@ -911,16 +911,15 @@ def _fuse_matmul_operands(low, bound, apart):
 
 def _fold_packed_operands(low, bound):
     """A copy of an HBM argument into a tile that only matmuls read, each
-    through the tile's whole view, as an operand narrower than fp32 (K^T of
-    an attention head, the moving operand of every query tile's QK^T): the
-    matmuls read the argument through the copy's source view instead, and the
-    copy goes. Such an operand is packed from its view by every matmul anyway
-    (Kernels.inc), and one of an argument no record writes keeps its packing
-    for the launch: K^T is then packed once, not once per query tile, and no
+    through the tile's whole view (K^T of an attention head, the moving
+    operand of every query tile's QK^T): the matmuls read the argument
+    through the copy's source view instead, and the copy goes. A moving
+    operand of an argument no record writes is prepared once per launch
+    (Kernels.inc kept_moving: packed in bf16 pairs, or gathered as fp32 rows
+    when its columns are strided), so K^T costs one pass either way, and no
     thread waits for a tile another one wrote. The tile must hold the
-    argument's values exactly (its dtype) and nothing may write the argument
-    (fp32 operands are read in place only with unit column stride, so they
-    keep their copy)."""
+    argument's values exactly (its dtype) and nothing may write the
+    argument."""
     if any(w[0] in (OP_WHILE, OP_END) for w in low.words):
         return
     written = {v.storage.id for outs, _ins in low.access for v in outs}
@@ -936,7 +935,6 @@ def _fold_packed_operands(low, bound):
                  if any(v.storage.id == sid for v in low.access[m][0] + low.access[m][1])]
         if not (users and sid not in bound and xid in bound and xid not in written and _whole(t)
                 and tuple(t.shape) == tuple(x.shape) and low.dtypes[sid] == low.dtypes[xid]
-                and low.dtypes[xid].itemsize < 4
                 and all(low.words[m][0] == OP_MM and low.access[m][0][0].storage.id not in (sid, xid)
                         and all(_same_view(v, t) for v in low.access[m][1] if v.storage.id == sid)
                         for m in users)):

@@ -435,20 +435,15 @@ def _per_row(x):
 def test_attention_head_query_tiles_run_split(seq, dtype):
     # A head's records all run split by query rows (matmuls by their rows of
     # dst, read through the transposed views of Q and E), where whole matmuls
-    # met twice each. fp32: the threads meet once, after K^T is copied; bf16:
-    # the matmuls read K^T through k's transposed view (packed once per
-    # launch), so no copy and no meeting.
+    # met twice each. The matmuls read K^T through k's transposed view
+    # (packed or gathered once per launch), so no copy and no meeting.
     q, k = torch.randn(seq, 64).to(dtype), torch.randn(256, 64).to(dtype)
     nat = _native.plan(K.attention_head.trace((q, k, k, 0.125)), True)
     words = nat.words.reshape(nat.ninstr, -1)
     assert (words[:, 0] == _native.OP_MM).sum() >= 3 * -(-seq // 128)
     assert words[:, 13].tolist() == [0] * nat.ninstr
-    if dtype == torch.float32:
-        assert words[0, 0] == _native.OP_COPY and words[1, 0] == _native.OP_MM
-        assert words[:, 14].sum().item() == 1 and words[1, 14] == 1
-    else:
-        assert words[0, 0] == _native.OP_MM and words[:, 14].sum().item() == 0
-        assert _native.OP_COPY not in words[:, 0].tolist()
+    assert words[0, 0] == _native.OP_MM and words[:, 14].sum().item() == 0
+    assert _native.OP_COPY not in words[:, 0].tolist()
 
 
 @nki.jit
@@ -628,7 +623,7 @@ def test_native_matmul_moving_packs_kept_only_while_unchanged(monkeypatch):
 
 @nki.jit
 def _moving_transposed(a, bt, c, rewrite):
-    """Two bf16 matmuls reading one tile transposed from argument bt (K^T of
+    """Two matmuls reading one tile transposed from argument bt (K^T of
     an attention head); with ``rewrite`` the kernel then writes bt (an
     in-place argument)."""
     K, M = a.shape
@@ -652,15 +647,16 @@ def _moving_transposed(a, bt, c, rewrite):
 
 
 @pytest.mark.parametrize("rewrite", [False, True])
-def test_native_matmul_operand_transpose_folded_only_when_unwritten(rewrite, monkeypatch):
-    # A bf16 tile transposed from an argument and read only by matmuls: they
-    # read the argument through the transposed view (packed once per launch)
-    # and the copy goes, unless the kernel writes the argument. The same bits
-    # as with the copy (1 and 2 threads alike; the interpreter within the
-    # matmul's tolerance).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_matmul_operand_transpose_folded_only_when_unwritten(dtype, rewrite, monkeypatch):
+    # A tile transposed from an argument and read only by matmuls: they read
+    # the argument through the transposed view (packed or gathered once per
+    # launch) and the copy goes, unless the kernel writes the argument. The
+    # same bits as with the copy (1 and 2 threads alike; the interpreter
+    # within the matmul's tolerance).
     g = torch.Generator().manual_seed(9)
-    a, c = (torch.randn(64, 128, generator=g).to(torch.bfloat16) for _ in range(2))
-    bt = torch.randn(128, 64, generator=g).to(torch.bfloat16)
+    a, c = (torch.randn(64, 128, generator=g).to(dtype) for _ in range(2))
+    bt = torch.randn(128, 64, generator=g).to(dtype)
     nat = _native.plan(_moving_transposed.trace((a, bt, c, rewrite)), True)
     words = nat.words.reshape(nat.ninstr, -1)
     transposed = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and words[i, _native.HEADER + 1] == 2
@@ -1737,6 +1733,7 @@ def test_native_matmul_operand_folds(xdt, vdt, folds, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(_native, "_fuse_matmul_operands", lambda low, bound, apart: None)
         m.setattr(_native, "_fuse_copies", lambda low, bound, apart: None)
+        m.setattr(_native, "_fold_packed_operands", lambda low, bound: None)
         unfolded = nki.jit(_transposed_operand_matmul)
         ops2 = _native.plan(unfolded.trace((x, v)), True).words.reshape(-1, _native.RECORD)[:, 0]
         plain = unfolded(x, v)
