@@ -63,32 +63,40 @@ Kernels pick_kernels() {
 const Kernels kernels = pick_kernels();
 const RunRecord run_record = kernels.run;
 
-// Worker threads for the partition ranges, created on first use and kept:
-// the calling thread is worker 0. One program runs at a time. Workers and
-// the caller spin briefly before they sleep (as OpenMP's threads do), so
-// back-to-back launches do not pay a wake-up each. A forked child gets a
-// fresh pool (the parent's threads do not exist there).
+// Worker threads for the partition ranges, created on first use and kept.
+// A launch's nt ranges are claimed, each by the first thread to reach it (the
+// caller included, which keeps claiming until none is left), so a worker that
+// its core's other jobs keep from running costs no wait: the caller runs its
+// range (a split attention head with the second core busy waited for the
+// worker's half).
+// A thread claims a new range only after finishing its last, and a range
+// waiting at a barrier waits for ranges other threads hold, so barriers still
+// meet. One program runs at a time. Workers and the caller spin briefly
+// before they sleep (as OpenMP's threads do), so back-to-back launches do not
+// pay a wake-up each. A forked child gets a fresh pool (the parent's threads
+// do not exist there).
 class Pool {
  public:
   void run(int nt, const std::function<void(int)>& fn) {
     std::lock_guard<std::mutex> one(run_mutex_);
+    uint64_t gen;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       while (int(workers_.size()) < nt - 1) {
-        const int index = int(workers_.size()) + 1;
-        workers_.emplace_back([this, index, seen = generation_.load()] { work(index, seen); });
+        workers_.emplace_back([this, seen = generation_.load()] { work(seen); });
         workers_.back().detach();
       }
       job_ = &fn;
-      nt_ = nt;
-      pending_.store(nt - 1);
-      generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and nt_
+      done_.store(0);
+      gen = generation_.load() + 1;
+      claim_.store(gen << 32 | uint64_t(nt) << 16);  // (generation, ranges, next range)
+      generation_.store(gen, std::memory_order_release);  // publishes job_
     }
     wake_.notify_all();
-    fn(0);
-    if (!spin([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    claim_ranges(gen);
+    if (!spin([&] { return done_.load(std::memory_order_acquire) == nt; })) {
       std::unique_lock<std::mutex> lock(mutex_);
-      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == nt; });
     }
     job_ = nullptr;
   }
@@ -114,8 +122,24 @@ class Pool {
     return true;
   }
 
+  // Runs the ranges of launch `gen` that no thread has claimed yet. A range
+  // claimed in `gen` keeps its launch (and job_) alive until it is done.
+  void claim_ranges(uint64_t gen) {
+    for (;;) {
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      const uint64_t next = c & 0xFFFF, nt = c >> 16 & 0xFFFF;
+      if ((c >> 32) != (gen & 0xFFFFFFFFu) || next >= nt) return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+      (*job_)(int(next));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == int(nt)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.notify_one();
+      }
+    }
+  }
+
   // `seen`: the generation before the worker's first job.
-  void work(int index, uint64_t seen) {
+  void work(uint64_t seen) {
     for (;;) {
       auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
       if (!spin(fresh)) {
@@ -123,21 +147,16 @@ class Pool {
         wake_.wait(lock, fresh);
       }
       seen = generation_.load(std::memory_order_acquire);
-      if (index >= nt_) continue;
-      (*job_)(index);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        done_.notify_one();
-      }
+      claim_ranges(seen);
     }
   }
 
   std::mutex run_mutex_, mutex_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_, finished_;
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
-  int nt_ = 0;
-  std::atomic<int> pending_{0};
+  std::atomic<int> done_{0};          // ranges of the current launch finished
+  std::atomic<uint64_t> claim_{0};    // generation << 32 | ranges << 16 | next range
   std::atomic<uint64_t> generation_{0};
 };
 
