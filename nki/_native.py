@@ -121,7 +121,6 @@ class _Lowering:
             self.dtypes[st.id] = dtype
         self.words, self.imms = [], []
         self.access = []  # per record: (written views, read views)
-        self.mixing = []  # per record: reads other partitions' memory (run whole)
         self.psum = {}  # PSUM storage id -> which elements were written
 
     def view(self, v):
@@ -131,9 +130,8 @@ class _Lowering:
         strides = list(v.strides) + [0] * (MAX_DIMS - v.ndim)
         return [v.storage.id, v.ndim, v.offset] + shape + strides
 
-    def emit(self, opcode, views, header=(), imms=(0.0, 0.0), written=1, mixing=False):
+    def emit(self, opcode, views, header=(), imms=(0.0, 0.0), written=1):
         self.access.append((list(views[:written]), list(views[written:])))
-        self.mixing.append(mixing)
         w = [opcode] + list(header)
         w += [-1] * (HEADER - len(w))
         for v in views:
@@ -220,11 +218,12 @@ def _lower_instr(low, ins, ir, dead):
         low.emit(OP_COPY, [dst, src])
         return dst, [src]
     if kind == "transpose":
-        # A flat copy from the permuted source; it mixes partitions, so it runs
-        # whole between the row stretches, as a matmul does.
+        # A flat copy from the permuted source: row p of dst reads across the
+        # source's partitions, so threads meet where it is written or read
+        # (_schedule).
         dst, src = a["dst"], _permuted(a["src"], a["axes"])
         _check_copy(low, dst, src)
-        low.emit(OP_COPY, [dst, src], mixing=True)
+        low.emit(OP_COPY, [dst, src])
         return dst, [src]
     if kind == "memset":
         dst, value = a["dst"], a["value"]
@@ -507,7 +506,7 @@ def _lower_partition_reduce(low, a):
         raise Unsupported(f"tensor_partition_reduce nl.{op.name}")
     if data.shape[0] > 128:
         raise Unsupported("partition mismatch")
-    low.emit(OP_PRED, [dst, data], [0, 0, _alu(op)], mixing=True)
+    low.emit(OP_PRED, [dst, data], [0, 0, _alu(op)])
     return dst, [data]
 
 
@@ -728,7 +727,7 @@ def _lower_mark(low, ins, i, instrs, loops, skip_fill, filled, subst):
     else:
         low.depth -= 1
     # w[3], the partner record, is set once the records have their final order (_link_loops).
-    low.emit(OP_WHILE if kind == "while" else OP_END, [a["cond"]], [0, 0, -1, a["max"]], written=0, mixing=True)
+    low.emit(OP_WHILE if kind == "while" else OP_END, [a["cond"]], [0, 0, -1, a["max"]], written=0)
 
 
 def _writes_whole(ins, sid, srcs):
@@ -815,7 +814,6 @@ def _fuse_activation(low, bound):
         low.words[k:k + 2] = [fused]
         low.imms[k:k + 2] = [low.imms[k + 1]]
         low.access[k:k + 2] = [([y], [g] + rest)]
-        low.mixing[k:k + 2] = [low.mixing[k] or low.mixing[k + 1]]
         k += 1
 
 
@@ -850,11 +848,9 @@ def _fuse_copies(low, bound, apart):
             continue
         fused = list(a)
         fused[HEADER:HEADER + VIEW_WORDS] = b[HEADER:HEADER + VIEW_WORDS]
-        fused[13] = int(a[13] or b[13])  # (kWholeWord: a transpose runs whole)
         low.words[k:k + 2] = [fused]
         low.imms[k:k + 2] = [low.imms[k]]
         low.access[k:k + 2] = [([y], [x])]
-        low.mixing[k:k + 2] = [low.mixing[k] or low.mixing[k + 1]]
         k += 1
 
 
@@ -903,16 +899,55 @@ def _fuse_matmul_operands(low, bound, apart):
             at = HEADER + (1 + i) * VIEW_WORDS
             src = low.words[first]
             fused[at:at + VIEW_WORDS] = src[HEADER + VIEW_WORDS:HEADER + 2 * VIEW_WORDS]
-            fused[13] = 1  # (kWholeWord: a matmul runs whole)
             ops = list(ops)
             ops[i] = x
             low.words[first:m + 1] = [fused]
             low.imms[first:m + 1] = [low.imms[m]]
             low.access[first:m + 1] = [([d], ops)]
-            low.mixing[first:m + 1] = [any(low.mixing[first:m + 1])]
             m = first
             break
         m += 1
+
+
+def _fold_packed_operands(low, bound):
+    """A copy of an HBM argument into a tile that only matmuls read, each
+    through the tile's whole view (K^T of an attention head, the moving
+    operand of every query tile's QK^T): the matmuls read the argument
+    through the copy's source view instead, and the copy goes. A moving
+    operand of an argument no record writes is prepared once per launch
+    (Kernels.inc kept_moving: packed in bf16 pairs, or gathered as fp32 rows
+    when its columns are strided), so K^T costs one pass either way, and no
+    thread waits for a tile another one wrote. The tile must hold the
+    argument's values exactly (its dtype) and nothing may write the
+    argument."""
+    if any(w[0] in (OP_WHILE, OP_END) for w in low.words):
+        return
+    written = {v.storage.id for outs, _ins in low.access for v in outs}
+    k = 0
+    while k < len(low.words):
+        outs, ins = low.access[k]
+        if low.words[k][0] != OP_COPY or len(outs) != 1 or len(ins) != 1:
+            k += 1
+            continue
+        (t,), (x,) = outs, ins
+        sid, xid = t.storage.id, x.storage.id
+        users = [m for m in range(k + 1, len(low.words))
+                 if any(v.storage.id == sid for v in low.access[m][0] + low.access[m][1])]
+        if not (users and sid not in bound and xid in bound and xid not in written and _whole(t)
+                and tuple(t.shape) == tuple(x.shape) and low.dtypes[sid] == low.dtypes[xid]
+                and all(low.words[m][0] == OP_MM and low.access[m][0][0].storage.id not in (sid, xid)
+                        and all(_same_view(v, t) for v in low.access[m][1] if v.storage.id == sid)
+                        for m in users)):
+            k += 1
+            continue
+        for m in users:
+            (d,), ops = low.access[m]
+            for i, op in enumerate(ops):
+                if op.storage.id == sid:
+                    at = HEADER + (1 + i) * VIEW_WORDS
+                    low.words[m][at:at + VIEW_WORDS] = low.words[k][HEADER + VIEW_WORDS:HEADER + 2 * VIEW_WORDS]
+            low.access[m] = ([d], [x if op.storage.id == sid else op for op in ops])
+        del low.words[k], low.imms[k], low.access[k]
 
 
 def _link_loops(words):
@@ -1039,7 +1074,7 @@ class NativeProgram:
                 low.emit(OP_FILL, [NkiTensor(st, (st.numel,), _check=False)], imms=(_dtypes.sentinel(st.dtype),))
                 fills += 1
         if fills:
-            for lst in (low.words, low.imms, low.access, low.mixing):
+            for lst in (low.words, low.imms, low.access):
                 lst[:] = lst[-fills:] + lst[:-fills]
         _fuse_activation(low, bound)
         def apart(a, b):  # storages a and b never share memory in this launch
@@ -1052,8 +1087,9 @@ class NativeProgram:
             return sa + na <= sb or sb + nb <= sa
         _fuse_copies(low, bound, apart)
         _fuse_matmul_operands(low, bound, apart)
+        _fold_packed_operands(low, bound)
         _link_loops(low.words)
-        _schedule(low)
+        _schedule(low, self.offsets)
         # Records of one barrier-free stretch run row-interleaved (csrc/runtime/nki/Executor.cpp); a
         # loop's next iteration (a record writing an arena slot that another
         # storage used in this stretch) starts a new group (w[15]), so rows of
@@ -1116,13 +1152,18 @@ class NativeProgram:
             raise NKIError(cap.group(0)) from None
 
 
-def _aligned(v, P):
-    """Partition p of ``v`` is row p of its on-chip storage (so the thread
-    owning partition p is the only one touching that row)."""
+def _owned(v, d):
+    """Whether index i of dim ``d`` of ``v`` lies in row i of its on-chip
+    storage, every other dim inside that row: the thread owning partition i
+    is then the only one touching those elements (dim 0 of a tile view; dim 1
+    of a transposed view read by a matmul)."""
     st = v.storage
-    if not st.buffer.on_chip:
-        return True
-    return v.ndim > 0 and v.shape[0] == P and v.offset < st.row and (P == 1 or v.strides[0] == st.row)
+    if not st.buffer.on_chip or v.ndim <= d or not 0 <= v.offset < st.row:
+        return False
+    if v.shape[d] > 1 and v.strides[d] != st.row:
+        return False
+    rest = [(n, s) for e, (n, s) in enumerate(zip(v.shape, v.strides)) if e != d and n > 1]
+    return all(s >= 0 for _n, s in rest) and v.offset + sum((n - 1) * s for n, s in rest) < st.row
 
 
 def _span(v):
@@ -1134,39 +1175,76 @@ def _overlaps(spans, span):
     return any(a <= span[1] and span[0] <= b for a, b in spans)
 
 
-def _schedule(low):
-    """Marks each record: run whole by one thread (w[13]) when its partitions
-    can touch each other's memory, and a barrier before it (w[14]) when it
-    reads or writes HBM that an earlier record since the last barrier wrote
-    (or writes HBM one read)."""
-    written, read = {}, {}
-    for w, (outs, ins), mixing in zip(low.words, low.access, low.mixing):
-        views = outs + ins
-        P = outs[0].shape[0] if outs and outs[0].ndim else 1
-        rowwise = all(_aligned(v, P) for v in views) and all(v.ndim and v.shape[0] == P for v in views)
-        if mixing:
-            rowwise = False
-        elif w[0] == OP_COPY:
-            rowwise = rowwise and outs[0].storage.id != ins[0].storage.id
-        elif w[0] == OP_MM:
-            rowwise = False  # reads every partition of its inputs
-        elif w[0] == OP_FILL:
-            rowwise = outs[0].storage.buffer.on_chip
-        if not rowwise:
+def _index_dims(w, outs, ins):
+    """How a record runs split: per view (outs + ins), the dim its thread's
+    partition range [lo, hi) indexes (None: every thread reads all of it),
+    or None when one thread runs the record whole. Each thread computes the
+    rows [lo, hi) of the destination, so a record splits when those rows
+    depend on nothing but its reads: a matmul's rows on their stationary
+    columns (and the whole moving operand), a copy's on the same rows of its
+    (permuted) source, every other record's on the same partition of each
+    operand."""
+    op = w[0]
+    if op in (OP_PRED, OP_WHILE, OP_END) or not outs or outs[0].ndim == 0:
+        return None  # (a partition reduction reads every partition into one row)
+    dst = outs[0]
+    if op == OP_MM:
+        if any(v.storage.id == dst.storage.id for v in ins):
+            return None
+        return [0, 1, None]
+    P = dst.shape[0]
+    if P > 128 or any(v.ndim == 0 or v.shape[0] != P for v in outs + ins):
+        return None  # (a flat fill; a [1, 1] operand broadcast by the row loops)
+    if op == OP_COPY and dst.storage.id == ins[0].storage.id:
+        return None  # (the interpreter's copy_ from a clone)
+    return [0] * (len(outs) + len(ins))
+
+
+def _schedule(low, offsets):
+    """Marks each record: run whole by one thread (w[13]) when its rows
+    cannot be split (_index_dims), and a barrier before it (w[14]) when a
+    thread could touch memory another thread touched since the last barrier.
+    An access is owned when its elements lie in the partitions of the thread
+    touching them (_owned); owned accesses of two records never meet. Any
+    other access (HBM, a transposed read, the moving operand of a matmul)
+    is shared: it meets every overlapping write since the barrier, and a
+    shared write every overlapping access. Memory is tracked per HBM
+    storage and, for on-chip tiles, by arena bytes (a slot is reused by the
+    next storage of its layout). A record whose own write meets its own
+    access this way runs whole. Threads therefore meet only where data crosses
+    partitions: an attention head's query tiles run split with one barrier
+    (after K^T), where whole matmuls and transposes met twice each."""
+    seen = {}  # memory -> [(span, owned, write)] since the last barrier
+
+    def where(v):
+        sid = v.storage.id
+        if v.storage.buffer.on_chip and sid in offsets:
+            size = low.dtypes[sid].itemsize
+            a, b = _span(v)
+            return "arena", (offsets[sid] + a * size, offsets[sid] + (b + 1) * size - 1)
+        return sid, _span(v)
+
+    for w, (outs, ins) in zip(low.words, low.access):
+        dims = _index_dims(w, outs, ins)
+        acc = []
+        if dims is not None:
+            for k, v in enumerate(outs + ins):
+                key, sp = where(v)
+                acc.append((key, sp, dims[k] is not None and _owned(v, dims[k]), k < len(outs)))
+            if any(wr and not (o and o2) and key == k2 and _overlaps([s2], sp)
+                   for n, (key, sp, o, wr) in enumerate(acc) for k2, s2, o2, _w2 in acc[n + 1:]):
+                dims = None
+        if dims is None:
             w[13], w[14] = 1, 0
-            written, read = {}, {}
+            seen = {}
             continue
-        hbm_out = [(v.storage.id, _span(v)) for v in outs if not v.storage.buffer.on_chip]
-        hbm_in = [(v.storage.id, _span(v)) for v in ins if not v.storage.buffer.on_chip]
-        conflict = any(_overlaps(written.get(sid, ()), sp) or _overlaps(read.get(sid, ()), sp) for sid, sp in hbm_out) \
-            or any(_overlaps(written.get(sid, ()), sp) for sid, sp in hbm_in)
+        conflict = any(any((wr or w2) and not (o and o2) and _overlaps([s2], sp) for s2, o2, w2 in seen.get(key, ()))
+                       for key, sp, o, wr in acc)
         if conflict:
-            written, read = {}, {}
+            seen = {}
         w[13], w[14] = 0, int(conflict)
-        for sid, sp in hbm_out:
-            written.setdefault(sid, []).append(sp)
-        for sid, sp in hbm_in:
-            read.setdefault(sid, []).append(sp)
+        for key, sp, o, wr in acc:
+            seen.setdefault(key, []).append((sp, o, wr))
 
 
 def _peek(ins):

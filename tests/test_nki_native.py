@@ -430,6 +430,22 @@ def _per_row(x):
     return out
 
 
+@pytest.mark.parametrize("seq", [512, 200])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_head_query_tiles_run_split(seq, dtype):
+    # A head's records all run split by query rows (matmuls by their rows of
+    # dst, read through the transposed views of Q and E), where whole matmuls
+    # met twice each. The matmuls read K^T through k's transposed view
+    # (packed or gathered once per launch), so no copy and no meeting.
+    q, k = torch.randn(seq, 64).to(dtype), torch.randn(256, 64).to(dtype)
+    nat = _native.plan(K.attention_head.trace((q, k, k, 0.125)), True)
+    words = nat.words.reshape(nat.ninstr, -1)
+    assert (words[:, 0] == _native.OP_MM).sum() >= 3 * -(-seq // 128)
+    assert words[:, 13].tolist() == [0] * nat.ninstr
+    assert words[0, 0] == _native.OP_MM and words[:, 14].sum().item() == 0
+    assert _native.OP_COPY not in words[:, 0].tolist()
+
+
 @nki.jit
 def _shift_between_runs(x):
     """Two partition-local stretches around a DMA that rotates the partitions
@@ -458,8 +474,11 @@ def test_native_partition_mixing_between_local_runs(dtype, threads, monkeypatch)
     # F = 1024: a block is 32 rows, so each local stretch runs in several blocks.
     x = torch.randn(128, 1024).to(dtype)
     nat = _native.plan(_shift_between_runs.trace((x,)), True)
-    whole = nat.words.reshape(nat.ninstr, -1)[:, 13].tolist()
-    assert whole[0] == 0 and whole[-1] == 0 and 1 in whole  # local, whole, local
+    words = nat.words.reshape(nat.ninstr, -1)
+    # Every record runs split: the threads meet before the copies read rows
+    # other threads wrote, and before the product reads the shifted rows.
+    assert words[:, 0].tolist() == [_native.OP_ACT, _native.OP_TS, _native.OP_COPY, _native.OP_COPY, _native.OP_TT]
+    assert words[:, 13].tolist() == [0] * 5 and words[:, 14].tolist() == [0, 0, 1, 0, 1]
     monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -600,6 +619,67 @@ def test_native_matmul_moving_packs_kept_only_while_unchanged(monkeypatch):
                     monkeypatch=monkeypatch)
         monkeypatch.setenv("NKI_EXECUTOR", "native")
         _close(got, want, rtol=2e-2, atol=2e-2)
+
+
+@nki.jit
+def _moving_transposed(a, bt, c, rewrite):
+    """Two matmuls reading one tile transposed from argument bt (K^T of
+    an attention head); with ``rewrite`` the kernel then writes bt (an
+    in-place argument)."""
+    K, M = a.shape
+    N = bt.shape[0]
+    out = nl.ndarray((2, M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    tb = nl.ndarray((K, N), dtype=bt.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=tb, src=bt)
+    for j, st in enumerate((a, c)):
+        ts = nl.ndarray((K, M), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ts, src=st)
+        acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, ts, tb)
+        res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nisa.dma_copy(dst=out[j], src=res)
+    if rewrite:
+        t2 = nl.ndarray((M, K), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=t2, src=a)
+        nisa.dma_copy(dst=bt, src=t2)
+    return out
+
+
+@pytest.mark.parametrize("rewrite", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_matmul_operand_transpose_folded_only_when_unwritten(dtype, rewrite, monkeypatch):
+    # A tile transposed from an argument and read only by matmuls: they read
+    # the argument through the transposed view (packed or gathered once per
+    # launch) and the copy goes, unless the kernel writes the argument. The
+    # same bits as with the copy (1 and 2 threads alike; the interpreter
+    # within the matmul's tolerance).
+    g = torch.Generator().manual_seed(9)
+    a, c = (torch.randn(64, 128, generator=g).to(dtype) for _ in range(2))
+    bt = torch.randn(128, 64, generator=g).to(dtype)
+    nat = _native.plan(_moving_transposed.trace((a, bt, c, rewrite)), True)
+    words = nat.words.reshape(nat.ninstr, -1)
+    transposed = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and words[i, _native.HEADER + 1] == 2
+                  and words[i, _native.HEADER + _native.VIEW_WORDS + 3 + _native.MAX_DIMS] == 1]
+    assert words[0, 0] == (_native.OP_COPY if rewrite else _native.OP_MM) and len(transposed) == 2 * rewrite
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")
+    old = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            args = [x.to("neuron") for x in (a, bt, c)]
+            monkeypatch.setenv("NKI_EXECUTOR", "native")
+            outs.append((_moving_transposed(*args, rewrite).cpu(), args[1].cpu()))
+    finally:
+        torch.set_num_threads(old)
+    args = [x.to("neuron") for x in (a, bt, c)]
+    ref = _run("interpreter", _moving_transposed, *args, rewrite, monkeypatch=monkeypatch)
+    for out, b_after in outs:
+        _identical(out, outs[0][0])
+        _close(out, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[0], a.float().t() @ bt.float().t(), atol=1e-3, rtol=1e-3)
+        assert torch.equal(b_after, a.t() if rewrite else bt)
 
 
 @nki.jit
@@ -1200,8 +1280,10 @@ def test_native_transposes(dtype, threads, monkeypatch):
     assert nat.prog.max_free == 1024
     words = nat.words.reshape(nat.ninstr, -1)
     whole = words[:, 13].tolist()
-    copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and whole[i]]
-    assert len(copies) >= 5 and whole[0] == 0 and whole[-1] == 0  # transposes run whole, between local runs
+    copies = [i for i in range(nat.ninstr) if words[i, 0] == _native.OP_COPY and not whole[i]]
+    # The transposes run split (each thread its rows of dst), the threads
+    # meeting before a record reads what others wrote across partitions.
+    assert len(copies) >= 5 and sum(words[:, 14].tolist()) >= 3 and whole[0] == 0 and whole[-1] == 0
     monkeypatch.setenv("NKI_SPLIT_SMALL", "1")  # small programs would run on one thread
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -1651,6 +1733,7 @@ def test_native_matmul_operand_folds(xdt, vdt, folds, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(_native, "_fuse_matmul_operands", lambda low, bound, apart: None)
         m.setattr(_native, "_fuse_copies", lambda low, bound, apart: None)
+        m.setattr(_native, "_fold_packed_operands", lambda low, bound: None)
         unfolded = nki.jit(_transposed_operand_matmul)
         ops2 = _native.plan(unfolded.trace((x, v)), True).words.reshape(-1, _native.RECORD)[:, 0]
         plain = unfolded(x, v)

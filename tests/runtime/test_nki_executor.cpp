@@ -262,9 +262,17 @@ TEST(NkiExecutor, MatmulOverwritesThenAccumulates) {
       }
       EXPECT_EQ(out[m * N + n], acc + acc) << m << "," << n;
     }
-  // Matmuls mix partitions: a partition-wise one is rejected.
-  t.words[nk::kWholeWord] = 0;
-  EXPECT_THROW(nk::Program(t.words, t.imms, bufs, 0, "mm"), neuronrt::Error);
+  // Split by rows (each thread its rows of dst): the same bits.
+  t.words[nk::kWholeWord] = t.words[nk::kRecord + nk::kWholeWord] = 0;
+  nk::Program split(t.words, t.imms, bufs, 0, "mm");
+  std::vector<float> rows_out(M * N, 0.0f);
+  nk::execute(split, {st.data(), mv.data() + 3, rows_out.data()}, 2);
+  EXPECT_EQ(rows_out, out);
+  // A split matmul writing a buffer it reads is rejected (threads would race).
+  Table self;
+  self.add({nk::OP_MM, 0, 0, 0}, {rows(1, M, N), rows(0, K, M), rows(1, K, N)});
+  EXPECT_THROW(nk::Program(self.words, self.imms, {{nk::F32, K * M, -1}, {nk::F32, K * N, -1}}, 0, "mm"),
+               neuronrt::Error);
 }
 
 // bf16 operands: the AVX-512 build multiplies full 4 x 64 blocks with

@@ -1,10 +1,12 @@
 #include "Executor.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -61,50 +63,83 @@ Kernels pick_kernels() {
 const Kernels kernels = pick_kernels();
 const RunRecord run_record = kernels.run;
 
-// Worker threads for the partition ranges, created on first use and kept:
-// the calling thread is worker 0. One program runs at a time. Workers and
-// the caller spin briefly before they sleep (as OpenMP's threads do), so
-// back-to-back launches do not pay a wake-up each. A forked child gets a
-// fresh pool (the parent's threads do not exist there).
+// Worker threads for the partition ranges, created on first use and kept.
+// A launch's nt ranges are claimed, each by the first thread to reach it (the
+// caller included, which keeps claiming until none is left), so a worker that
+// its core's other jobs keep from running costs no wait: the caller runs its
+// range (a split attention head with the second core busy waited for the
+// worker's half).
+// A thread claims a new range only after finishing its last, and a range
+// waiting at a barrier waits for ranges other threads hold, so barriers still
+// meet. One program runs at a time. Workers and the caller spin briefly
+// before they sleep (as OpenMP's threads do), so back-to-back launches do not
+// pay a wake-up each. A forked child gets a fresh pool (the parent's threads
+// do not exist there).
 class Pool {
  public:
   void run(int nt, const std::function<void(int)>& fn) {
     std::lock_guard<std::mutex> one(run_mutex_);
+    uint64_t gen;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       while (int(workers_.size()) < nt - 1) {
-        const int index = int(workers_.size()) + 1;
-        workers_.emplace_back([this, index, seen = generation_.load()] { work(index, seen); });
+        workers_.emplace_back([this, seen = generation_.load()] { work(seen); });
         workers_.back().detach();
       }
       job_ = &fn;
-      nt_ = nt;
-      pending_.store(nt - 1);
-      generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and nt_
+      done_.store(0);
+      gen = generation_.load() + 1;
+      claim_.store(gen << 32 | uint64_t(nt) << 16);  // (generation, ranges, next range)
+      generation_.store(gen, std::memory_order_release);  // publishes job_
     }
     wake_.notify_all();
-    fn(0);
-    if (!spin([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    claim_ranges(gen);
+    if (!spin([&] { return done_.load(std::memory_order_acquire) == nt; })) {
       std::unique_lock<std::mutex> lock(mutex_);
-      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == nt; });
     }
     job_ = nullptr;
   }
 
  private:
+  // About 0.3 ms of waiting before sleeping: pauses first, then yields, so
+  // a thread the caller waits for that shares its core (a loaded host) runs
+  // at once. With pauses only, attention 512x64 bf16 with both threads on
+  // one core took 1.03 ms a call against 0.49 on one thread.
   template <typename Ready>
   static bool spin(Ready ready) {
-    for (int i = 0; i < 20000; ++i) {
+    for (int i = 0; i < 128; ++i) {
       if (ready()) return true;
 #if defined(__x86_64__)
       _mm_pause();
 #endif
     }
-    return false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
+    while (!ready()) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      sched_yield();
+    }
+    return true;
+  }
+
+  // Runs the ranges of launch `gen` that no thread has claimed yet. A range
+  // claimed in `gen` keeps its launch (and job_) alive until it is done.
+  void claim_ranges(uint64_t gen) {
+    for (;;) {
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      const uint64_t next = c & 0xFFFF, nt = c >> 16 & 0xFFFF;
+      if ((c >> 32) != (gen & 0xFFFFFFFFu) || next >= nt) return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+      (*job_)(int(next));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == int(nt)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.notify_one();
+      }
+    }
   }
 
   // `seen`: the generation before the worker's first job.
-  void work(int index, uint64_t seen) {
+  void work(uint64_t seen) {
     for (;;) {
       auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
       if (!spin(fresh)) {
@@ -112,21 +147,16 @@ class Pool {
         wake_.wait(lock, fresh);
       }
       seen = generation_.load(std::memory_order_acquire);
-      if (index >= nt_) continue;
-      (*job_)(index);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        done_.notify_one();
-      }
+      claim_ranges(seen);
     }
   }
 
   std::mutex run_mutex_, mutex_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_, finished_;
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
-  int nt_ = 0;
-  std::atomic<int> pending_{0};
+  std::atomic<int> done_{0};          // ranges of the current launch finished
+  std::atomic<uint64_t> claim_{0};    // generation << 32 | ranges << 16 | next range
   std::atomic<uint64_t> generation_{0};
 };
 
@@ -186,6 +216,7 @@ struct StretchPlan {
   int64_t fetch_rows = 0;          // the ranges hold rows [0, fetch_rows)
   int64_t fetch_per_row = 0;       // bytes fetched per row
   bool row_steps = false;          // one row per step (plan_stretch)
+  bool one_step = false;           // all of a thread's rows in one step (a matmul)
   int64_t i = 0, j = 0;
 
   // Bytes the stretch stores with streaming stores on partitions [p, pe).
@@ -253,6 +284,7 @@ void plan_stretch(const Ctx& c, int64_t i, int64_t j, StretchPlan& plan) {
     }
   }
   plan.row_steps = reread > 0 && !writes_rows;
+  plan.one_step = j == i + 1 && prog.record(i)[0] == OP_MM;
   for (int64_t k = i; k < j; ++k) {
     const int64_t* w = prog.record(k);
     if (w[0] == OP_FILL || w[0] == OP_NOP || w[0] == OP_MM) continue;
@@ -354,12 +386,16 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
   const int64_t ninstr = prog.size();
   std::vector<int64_t> iterations(prog.has_loops() ? ninstr : 0);
   StretchPlan here, next;  // the stretch running, and the one after it
-  // The end of the stretch of partition-local records from i: up to the next
-  // whole record, barrier or loop iteration.
+  // The end of the stretch of split records from i: up to the next whole
+  // record, barrier or loop iteration. A matmul is a stretch of its own, run
+  // over all of the thread's rows in one step: its rows read the whole moving
+  // operand, packed once per call (in blocks of 64 rows an attention head
+  // packed its K^T twice as often, about 2 % of its time at 1 thread).
   auto stretch_end = [&](int64_t i) {
     int64_t j = i + 1;
+    if (prog.record(i)[0] == OP_MM) return j;
     while (j < ninstr && prog.record(j)[kWholeWord] == 0 && prog.record(j)[kBarrierWord] == 0 &&
-           prog.record(j)[kGroupWord] == 0)
+           prog.record(j)[kGroupWord] == 0 && prog.record(j)[0] != OP_MM)
       ++j;
     return j;
   };
@@ -373,12 +409,7 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     if (w[kWholeWord] != 0) {
       sc.prefetch.clear();
       if (sync) sync->arrive_and_wait();
-      // A matmul's output rows are independent: each thread computes its
-      // partitions' rows (unless dst shares a buffer with an operand).
-      const bool split = sync && w[0] == OP_MM && prog.view(i, 0).buf != prog.view(i, 1).buf &&
-                         prog.view(i, 0).buf != prog.view(i, 2).buf;
-      if (split) run_record(c, i, lo, hi, false, sc);
-      else if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
+      if (t == 0) run_record(c, i, 0, kPartitions, true, sc);
       if (sync) sync->arrive_and_wait();
       ++i;
       continue;
@@ -401,12 +432,12 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     else plan_stretch(c, i, j, here);
     if (ahead) plan_stretch(c, j, stretch_end(j), next);
     else next.i = next.j = 0;  // no stretch is [0, 0)
-    const int64_t step = here.row_steps ? 1 : block;
+    const int64_t step = here.one_step ? hi - lo : here.row_steps ? 1 : block;
     for (int64_t p = lo; p < hi; p += step) {
       const int64_t pe = std::min(p + step, hi);
       const int64_t out = here.streamed(p, pe);
       if (pe < hi) here.prefetch(pe, std::min(pe + step, hi), out, sc.prefetch);
-      else if (ahead) next.prefetch(lo, std::min(lo + (next.row_steps ? 1 : block), hi), out, sc.prefetch);
+      else if (ahead) next.prefetch(lo, std::min(lo + (next.one_step ? hi - lo : next.row_steps ? 1 : block), hi), out, sc.prefetch);
       else sc.prefetch.clear();
       for (const RowOp& op : here.ops) op.run(c, op, p, pe, sc);
     }
@@ -428,8 +459,8 @@ int useful_threads(const Program& prog, const std::vector<std::pair<char*, char*
   while (nt > 1 && bytes < kSmallBytes * nt) --nt;
   // Each whole record and barrier is a meeting of all threads (two for a whole
   // record): a program meeting more often than every kSmallBytes of its data
-  // (an attention head: a matmul and transposes per query tile) runs on one
-  // thread. Attention 512x64 at 2 threads took 1.5-8x its time at 1.
+  // runs on one thread. (Attention 512x64 at 2 threads took 1.5-8x its time at
+  // 1 when its matmuls and transposes ran whole; split, a head meets once.)
   int64_t meetings = 0;
   for (int64_t i = 0; i < prog.size(); ++i)
     meetings += prog.record(i)[kWholeWord] != 0 ? 2 : prog.record(i)[kBarrierWord] != 0 ? 1 : 0;

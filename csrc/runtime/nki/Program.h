@@ -51,7 +51,7 @@ enum Opcode : int64_t {
   OP_ACT = 5,   // activation (+ accumulator registers)
   OP_TRED = 6,  // tensor_reduce over trailing free elements
   OP_NOP = 7,   // (profiling: a record switched off)
-  OP_MM = 8,    // nc_matmul: dst[M, N] (+)= stationary[K, M]^T @ moving[K, N], one thread
+  OP_MM = 8,    // nc_matmul: dst[M, N] (+)= stationary[K, M]^T @ moving[K, N] (split: rows of dst)
   OP_SEL = 9,   // dst = cond != 0 ? x : y (x, y: elementwise views or immediates; NaN is true)
   OP_IOTA = 10, // dst[p, i...] = fp32(offset + p * multiplier + sum(i_k * step_k)), in double
   OP_SCAN = 11, // per row: r = op1(op0(data0[i], r), data1[i]), r starts at the initial operand
