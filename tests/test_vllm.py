@@ -219,6 +219,73 @@ def test_vllm_custom_ops_are_routed_through_device_launches(engine):
     assert stalls <= 2, stalls
 
 
+def _paged_attention(device, q_lens, seq_lens, causal=True, softcap=0.0, heads=9, kv_heads=3, head=64, block=128):
+    """vLLM's paged attention op on `device` over a cache of shuffled blocks (stale slots hold
+    random values), the query a strided slice of a fused q/k/v row as the model's split gives it."""
+    import vllm._custom_ops as ops
+
+    g = torch.Generator().manual_seed(len(q_lens) * 1000 + sum(seq_lens))
+    per_seq = [(s + block - 1) // block for s in seq_lens]
+    blocks = sum(per_seq) + 2
+    qkv = torch.randn(sum(q_lens), (heads + 2 * kv_heads) * head, generator=g)
+    cache = torch.randn(blocks, kv_heads, 2 * block, head, generator=g)
+    order = torch.randperm(blocks, generator=g).to(torch.int32)
+    table = torch.zeros(len(seq_lens), max(per_seq) + 1, dtype=torch.int32)
+    for i, n in enumerate(per_seq):
+        table[i, :n] = order[sum(per_seq[:i]):sum(per_seq[:i]) + n]
+    starts = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    plan = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(seq_lens), num_heads=heads, num_kv_heads=kv_heads, head_dim=head, seq_lens=lens,
+        dtype=torch.float32, query_start_loc=starts, causal=causal, sliding_window_size=-1, isa="vec",
+        enable_kv_split=False)
+    key_cache, value_cache = cache.to(device).chunk(2, dim=2)
+    out = torch.full((sum(q_lens), heads, head), float("nan"), device=device)
+    ops.cpu_attention_with_kv_cache(
+        query=qkv.to(device)[:, :heads * head].view(-1, heads, head), key_cache=key_cache, value_cache=value_cache,
+        output=out, query_start_loc=starts.to(device), seq_lens=lens.to(device), scale=head ** -0.5, causal=causal,
+        alibi_slopes=None, sliding_window=-1, block_table=table.to(device), softcap=softcap,
+        scheduler_metadata=plan, s_aux=None)
+    return out.cpu()
+
+
+@pytest.mark.parametrize("q_lens, seq_lens, causal, ours", [
+    ([1] * 16, [40 + 7 * i for i in range(16)], True, True),  # decode, up to 145 keys: two blocks
+    ([1, 1, 1], [1, 128, 300], True, True),                   # block edges, three blocks
+    ([2, 1, 2], [2, 90, 257], True, True),                    # two rows: causal within the new rows
+    ([1, 1], [33, 64], False, True),
+    ([12, 1, 30], [12, 200, 40], True, False),                # prefill rows: vLLM's kernel
+])
+def test_paged_attention_equals_vllms_cpu_kernel(q_lens, seq_lens, causal, ours):
+    """Our kernel for vLLM's paged attention (csrc/aten/PagedAttention.cpp) reads vLLM's cache layout
+    in place and gives vLLM's CPU kernel's result; prefill-heavy batches keep vLLM's kernel."""
+    import vllm._custom_ops  # noqa: F401  (loads vLLM's ops, which register() looks for)
+    from torch_neuronx.vllm import kernels
+
+    kernels.register()
+    want = _paged_attention("cpu", q_lens, seq_lens, causal)
+    torch_neuronx.clear_op_tracking()
+    got = _paged_attention("neuron", q_lens, seq_lens, causal)
+    assert ("neuron::paged_attention" in torch_neuronx.get_executed_ops()) == ours
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_leaves_other_options_to_vllms_kernel():
+    import vllm._custom_ops  # noqa: F401
+    from torch_neuronx.vllm import kernels
+
+    kernels.register()
+    want = _paged_attention("cpu", [1, 1], [50, 130], softcap=30.0)
+    torch_neuronx.clear_op_tracking()
+    got = _paged_attention("neuron", [1, 1], [50, 130], softcap=30.0)
+    assert "neuron::paged_attention" not in torch_neuronx.get_executed_ops()
+    torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="no operator"):
+        torch_neuronx._C._register_paged_attention("_C::no_such_op")
+    with pytest.raises(RuntimeError, match="signature"):
+        torch_neuronx._C._register_paged_attention("aten::relu")
+
+
 def test_queued_custom_op_registration_rejects_ops_with_results():
     with pytest.raises(RuntimeError, match="returns values"):
         torch_neuronx._C._register_queued_custom_op("aten::add.Tensor")

@@ -57,6 +57,16 @@ void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, s
 // ("ns::op.overload"), which must return nothing (QueuedCustomOps.cpp).
 void register_queued_custom_op(const std::string& qualified);
 
+// The queued kernel of such an op, as a boxed kernel: for kernels that take
+// some calls themselves and queue the others as the op's own host kernel.
+void queue_custom_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Registers our kernel for vLLM's paged attention op (`qualified`, vLLM's
+// `_C::cpu_attention_with_kv_cache` signature): the calls it covers run it
+// on device memory, the others vLLM's kernel as a queued custom op
+// (PagedAttention.cpp).
+void register_paged_attention(const std::string& qualified);
+
 // While `device`'s current stream captures a graph: records `op` as a kernel,
 // its outputs described by the op's Meta kernel (CaptureExecution.cpp), and
 // returns true; raises a capture error for ops that cannot be recorded.

@@ -26,9 +26,8 @@
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
-namespace {
 
-void queued_custom_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void queue_custom_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   std::optional<c10::Device> device;
@@ -53,8 +52,6 @@ void queued_custom_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   });
 }
 
-}  // namespace
-
 void register_queued_custom_op(const std::string& qualified) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<torch::Library>> libraries;  // namespace -> fragment
@@ -77,7 +74,7 @@ void register_queued_custom_op(const std::string& qualified) {
   // Autograd's key too: under no_grad a composite kernel would still be
   // picked there, before PrivateUse1 is reached.
   for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1}) {
-    lib->impl(rest.c_str(), torch::dispatch(key, torch::CppFunction::makeFromBoxedFunction<&queued_custom_op>()));
+    lib->impl(rest.c_str(), torch::dispatch(key, torch::CppFunction::makeFromBoxedFunction<&queue_custom_op>()));
   }
   registered.insert(qualified);
 }

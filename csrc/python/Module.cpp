@@ -100,6 +100,8 @@ PYBIND11_MODULE(_C, m) {
         "Registers the route table's kernels; returns the registered op names.");
   m.def("_register_queued_custom_op", &at::neuron::register_queued_custom_op, py::arg("qualified_name"),
         "Queues custom op 'ns::op.overload' (no results) on the current stream for neuron tensors.");
+  m.def("_register_paged_attention", &at::neuron::register_paged_attention, py::arg("qualified_name"),
+        "Our kernel for vLLM's paged attention op 'ns::op' where it applies, vLLM's queued kernel elsewhere.");
   m.def(
       "_route_table",
       [] {

@@ -16,6 +16,8 @@ the attention, the slot mapping) are queued by a C++ kernel of ours
 (``csrc/aten/QueuedCustomOps.cpp``): the caller goes on at once, as for any
 queued ATen op, so the model's Python runs ahead of the device through the
 attention layers too. Ops with results launch synchronously from Python.
+The paged attention itself runs a kernel of ours where it applies (float32
+on x86; ``OURS``), which reads vLLM's cache layout in place.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ NAMESPACE = "_C"
 _LIBRARY = None
 ROUTED: list[str] = []
 QUEUED: list[str] = []  # the subset of ROUTED queued by the C++ kernel
+# Ops with a kernel of ours (queued; vLLM's own kernel queued for the calls it
+# does not cover): the paged attention (csrc/aten/PagedAttention.cpp).
+OURS = {"cpu_attention_with_kv_cache": "_register_paged_attention"}
 
 
 def _composite_ops() -> list[str]:
@@ -111,6 +116,10 @@ def register() -> list[str]:
         op = getattr(op, overload)
         qualified = name if overload == "default" else f"{name}.{overload}"
         ROUTED.append(qualified)
+        if qualified in OURS:
+            getattr(torch_neuronx._C, OURS[qualified])(f"{NAMESPACE}::{qualified}")
+            QUEUED.append(qualified)
+            continue
         if not schema.returns:
             torch_neuronx._C._register_queued_custom_op(f"{NAMESPACE}::{qualified}")
             QUEUED.append(qualified)
