@@ -237,7 +237,6 @@ Item pick_item(int64_t head_dim, int64_t group) {
 void run(const Paged& P) {
   at::parallel_for(0, P.seqs * P.kv_heads, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
-    // The common head sizes with a compile-time size (registers, no alias checks).
     auto item = pick_item(P.head_dim, P.group);
     for (int64_t i = begin; i < end; ++i) item(P, i / P.kv_heads, i % P.kv_heads, scratch);
   });
