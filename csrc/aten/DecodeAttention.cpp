@@ -25,6 +25,7 @@
 
 #include "HostExecution.h"
 #include "OpTracking.h"
+#include "VectorLoops.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
@@ -98,36 +99,15 @@ std::pair<const float*, int64_t> slab(const T* p, int64_t ld, int64_t step, int6
   return {buf.data(), E};
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DECODE_ATTENTION_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DECODE_ATTENTION_CLONES
-#endif
-
 // x[i] = exp(x[i] - max) for scores at most `max`; returns their sum. libm's
-// expf is a call per element (the softmax's largest cost for ~100 keys); this
-// is Cephes' single-precision exp (range reduction by ln 2, a degree-6
-// polynomial, ~1 ulp), written so the loop vectorises. Exponents below -87
-// (and masked keys' -inf) give exactly 0.
-DECODE_ATTENTION_CLONES
+// expf is a call per element (the softmax's largest cost for ~100 keys);
+// exp_clamped is written so the loop vectorises. Exponents below -87 (and
+// masked keys' -inf) give exactly 0.
+NEURON_ISA_CLONES
 float exp_shifted(float* x, int64_t n, float max) {
   for (int64_t i = 0; i < n; ++i) {
     const float d = x[i] - max;
-    const float c = d < -87.f ? -87.f : d;
-    const float k = std::floor(c * 1.44269504088896341f + 0.5f);
-    float r = c - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    x[i] = d < -87.f ? 0.f : y * scale;
+    x[i] = d < -87.f ? 0.f : exp_clamped(d);
   }
   float acc[8] = {};
   int64_t i = 0;
@@ -142,7 +122,7 @@ float exp_shifted(float* x, int64_t n, float max) {
 // acc[r][e] = sum_s w[r][s] * v[s][e] for the `rows` query heads sharing one
 // value head: each value row is read once for all of them. The loops
 // vectorise; on x86-64 the widest ISA the machine has is picked at load time.
-DECODE_ATTENTION_CLONES
+NEURON_ISA_CLONES
 void weighted_sum(int64_t rows, int64_t S, int64_t E, const float* w, int64_t ldw, const float* v, int64_t ldv,
                   float* acc) {
   std::fill(acc, acc + rows * E, 0.f);
@@ -162,7 +142,7 @@ void weighted_sum(int64_t rows, int64_t S, int64_t E, const float* w, int64_t ld
 // instead of loaded and stored per key (the value slab is re-read from cache
 // per head).
 template <int E>
-DECODE_ATTENTION_CLONES void weighted_sum_fixed(int64_t rows, int64_t S, const float* w, int64_t ldw, const float* v,
+NEURON_ISA_CLONES void weighted_sum_fixed(int64_t rows, int64_t S, const float* w, int64_t ldw, const float* v,
                                                 int64_t ldv, float* acc) {
   for (int64_t r = 0; r < rows; ++r) {
     float a[E] = {};

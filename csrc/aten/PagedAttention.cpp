@@ -32,18 +32,11 @@
 
 #include "HostExecution.h"
 #include "OpTracking.h"
+#include "VectorLoops.h"
 #include "csrc/runtime/Runtime.h"
 
 namespace at::neuron {
 namespace {
-
-// The kernel's inner loops are written for the vectoriser; each function
-// marked so is built for AVX-512, AVX2 and the baseline and picked at load.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NEURON_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define NEURON_ISA_CLONES
-#endif
 
 constexpr int64_t kSlotTile = 16;     // keys scored together (one AVX-512 vector)
 constexpr int64_t kMaxHeadDim = 512;  // the accumulators' stack space
@@ -55,25 +48,6 @@ struct Paged {
   float scale = 1.0f;
   bool causal = true;
 };
-
-// exp(x) for x <= 0 (max-subtracted logits), ~2 ulp, as straight-line code
-// the vectoriser can keep in registers (std::exp is a libm call per element).
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float two_k;
-  std::memcpy(&two_k, &bits, sizeof(two_k));
-  return p * two_k;
-}
 
 // 16 keys' partial scores: GCC's vector type (one AVX-512 register, two AVX
 // ones, four SSE ones in the baseline clone), so the sums stay in registers.
@@ -133,7 +107,7 @@ float softmax_numerator(float* __restrict__ row, int64_t n) {
   Tile sum = {};
   for (int64_t c = 0; c < padded; c += kSlotTile) {
     float e[kSlotTile];
-    for (int64_t x = 0; x < kSlotTile; ++x) e[x] = exp_nonpositive(row[c + x] - mx);
+    for (int64_t x = 0; x < kSlotTile; ++x) e[x] = exp_clamped(row[c + x] - mx);
     for (int64_t x = 0; x < kSlotTile; ++x) e[x] = c + x < n ? e[x] : 0.0f;
     std::memcpy(row + c, e, sizeof(e));
     sum += load_tile(e);
