@@ -9,6 +9,7 @@
 // resizes and views keep their aliasing because the aliases share storage.
 #pragma once
 
+#include <ATen/core/boxing/BoxedKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -52,6 +53,13 @@ void copy_async(const at::Tensor& src, const at::Tensor& dst, neuronrt::Stream& 
 // Queues `body` on `stream` as a kernel named `name` (a string that outlives
 // it), run with the caller's thread state (AsyncExecution.cpp).
 void queue_host_work(neuronrt::Stream& stream, const char* name, size_t bytes, std::function<void()> body);
+
+// Registers `kernel` as the neuron kernel (PrivateUse1 and its autograd
+// key) of another library's op `qualified` ("ns::op" or "ns::op.overload"),
+// once per op; `check` sees the op first and raises for an op the kernel
+// cannot take (QueuedCustomOps.cpp).
+void register_neuron_kernel(const std::string& qualified, c10::BoxedKernel kernel,
+                            const std::function<void(const std::string&, const c10::OperatorHandle&)>& check);
 
 // Registers a queued PrivateUse1 kernel for custom op `qualified`
 // ("ns::op.overload"), which must return nothing (QueuedCustomOps.cpp).

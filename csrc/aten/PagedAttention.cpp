@@ -18,16 +18,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <mutex>
-#include <set>
 #include <vector>
 
 #include "HostExecution.h"
@@ -309,36 +305,22 @@ void paged_attention(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace
 
 void register_paged_attention(const std::string& qualified) {
-  static std::mutex mutex;
-  static std::set<std::string> registered;
-  static std::vector<std::unique_ptr<torch::Library>> libraries;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (registered.count(qualified)) return;
-  const size_t sep = qualified.find("::");
-  TORCH_CHECK(sep != std::string::npos, "expected a qualified op name like 'ns::op', got '", qualified, "'");
-  const std::string ns = qualified.substr(0, sep), name = qualified.substr(sep + 2);
-  auto handle = c10::Dispatcher::singleton().findSchema({qualified, ""});
-  TORCH_CHECK(handle, "no operator ", qualified);
-  const auto& args = handle->schema().arguments();
-  // vLLM 0.32's signature, checked by name: a changed op keeps vLLM's kernel.
-  static const char* expected[] = {"query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens",
-                                   "scale", "causal", "alibi_slopes", "sliding_window_size", "block_table",
-                                   "softcap", "scheduler_metadata", "s_aux", "dynamic_causal", "k_scale", "v_scale",
-                                   "kv_cache_dtype"};
-  TORCH_CHECK(args.size() == std::size(expected) && handle->schema().returns().empty(), qualified,
-              " does not have vLLM's cpu_attention_with_kv_cache signature: ", handle->schema());
-  for (size_t i = 0; i < args.size(); ++i) {
-    TORCH_CHECK(args[i].name() == expected[i], qualified, ": argument ", i, " is '", args[i].name(), "', expected '",
-                expected[i], "'");
-  }
-  libraries.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, ns, std::nullopt, __FILE__, __LINE__));
-  // Autograd's key too: under no_grad a composite kernel would still be
-  // picked there, before PrivateUse1 is reached.
-  for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1}) {
-    libraries.back()->impl(name.c_str(),
-                           torch::dispatch(key, torch::CppFunction::makeFromBoxedFunction<&paged_attention>()));
-  }
-  registered.insert(qualified);
+  register_neuron_kernel(
+      qualified, c10::BoxedKernel::makeFromFunction<&paged_attention>(),
+      [](const std::string& qualified, const c10::OperatorHandle& op) {
+        const auto& args = op.schema().arguments();
+        // vLLM 0.32's signature, checked by name: a changed op keeps vLLM's kernel.
+        static const char* expected[] = {"query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens",
+                                         "scale", "causal", "alibi_slopes", "sliding_window_size", "block_table",
+                                         "softcap", "scheduler_metadata", "s_aux", "dynamic_causal", "k_scale",
+                                         "v_scale", "kv_cache_dtype"};
+        TORCH_CHECK(args.size() == std::size(expected) && op.schema().returns().empty(), qualified,
+                    " does not have vLLM's cpu_attention_with_kv_cache signature: ", op.schema());
+        for (size_t i = 0; i < args.size(); ++i) {
+          TORCH_CHECK(args[i].name() == expected[i], qualified, ": argument ", i, " is '", args[i].name(),
+                      "', expected '", expected[i], "'");
+        }
+      });
 }
 
 }  // namespace at::neuron

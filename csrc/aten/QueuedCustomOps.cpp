@@ -52,7 +52,8 @@ void queue_custom_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   });
 }
 
-void register_queued_custom_op(const std::string& qualified) {
+void register_neuron_kernel(const std::string& qualified, c10::BoxedKernel kernel,
+                            const std::function<void(const std::string&, const c10::OperatorHandle&)>& check) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<torch::Library>> libraries;  // namespace -> fragment
   static std::set<std::string> registered;
@@ -67,16 +68,23 @@ void register_queued_custom_op(const std::string& qualified) {
   const std::string overload = dot == std::string::npos ? "" : rest.substr(dot + 1);
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   TORCH_CHECK(handle, "no operator ", qualified);
-  TORCH_CHECK(handle->schema().returns().empty(), qualified,
-              " returns values: only ops that write into their arguments can be queued");
+  check(qualified, *handle);
   auto& lib = libraries[ns];
   if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, std::nullopt, __FILE__, __LINE__);
   // Autograd's key too: under no_grad a composite kernel would still be
   // picked there, before PrivateUse1 is reached.
   for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1}) {
-    lib->impl(rest.c_str(), torch::dispatch(key, torch::CppFunction::makeFromBoxedFunction<&queue_custom_op>()));
+    lib->impl(rest.c_str(), torch::dispatch(key, torch::CppFunction::makeFromBoxedKernel(kernel)));
   }
   registered.insert(qualified);
+}
+
+void register_queued_custom_op(const std::string& qualified) {
+  register_neuron_kernel(qualified, c10::BoxedKernel::makeFromFunction<&queue_custom_op>(),
+                         [](const std::string& qualified, const c10::OperatorHandle& op) {
+                           TORCH_CHECK(op.schema().returns().empty(), qualified,
+                                       " returns values: only ops that write into their arguments can be queued");
+                         });
 }
 
 }  // namespace at::neuron
