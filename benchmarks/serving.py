@@ -14,7 +14,7 @@ VLLM_CPU_OMP_THREADS_BIND=0-(N-1) for the CPU platform.
 
     python benchmarks/serving.py                      # SmolLM2-135M-Instruct, 16 prompts x 64 tokens
     python benchmarks/serving.py --threads 1          # one engine thread for both platforms
-    python benchmarks/serving.py --async-scheduling   # ours with vLLM's async scheduling (off by default)
+    python benchmarks/serving.py --no-async-scheduling  # ours without vLLM's async scheduling
 
 For ours it also prints the share of the batch's wall time the device ran kernels (busy time of the
 engine process from the runtime's process registry; with async scheduling it counts the output
@@ -96,8 +96,8 @@ def run_one(args) -> dict:
 
 def measure(platform: str, args, model: str) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TORCH_NEURONX_VLLM="1" if platform == "neuron" else "0")
-    if args.async_scheduling:  # ours (the CPU platform turns it off whatever is asked)
-        env["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"
+    if args.no_async_scheduling:  # ours (the CPU platform has it off whatever is asked)
+        env["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "0"
     if args.threads:  # the engine core is a process of its own: its threads are set by environment
         if platform == "cpu":
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
@@ -122,8 +122,8 @@ def main() -> int:
     p.add_argument("--kv-cache-mib", type=int, default=256)
     p.add_argument("--threads", type=int, default=0, help="engine threads of both (default: vLLM's choice)")
     p.add_argument("--eager", action="store_true", help="enforce_eager=True for both (default: compiled)")
-    p.add_argument("--async-scheduling", action="store_true",
-                   help="TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 for ours (default: off; the CPU platform: always off)")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=0 for ours (default: on, as vLLM decides; the CPU platform: always off)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -95,8 +95,8 @@ def measure(platform: str, args, model: str) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TORCH_NEURONX_VLLM="1" if platform == "neuron" else "0")
-    if args.async_scheduling:  # ours (the CPU platform turns it off whatever is asked)
-        env["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"
+    if args.no_async_scheduling:  # ours (the CPU platform has it off whatever is asked)
+        env["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "0"
     if platform == "cpu":
         # vLLM's own switch: under `vllm serve` it does not find the CPU platform by itself.
         env["VLLM_TARGET_DEVICE"] = "cpu"
@@ -155,8 +155,8 @@ def main() -> int:
     p.add_argument("--clients", default="1,4,16", help="concurrent streaming clients of the latency rounds")
     p.add_argument("--threads", type=int, default=0, help="engine threads of both (default: vLLM's choice)")
     p.add_argument("--eager", action="store_true", help="--enforce-eager for both servers")
-    p.add_argument("--async-scheduling", action="store_true",
-                   help="TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 for ours (default: off; the CPU platform: always off)")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=0 for ours (default: on, as vLLM decides; the CPU platform: always off)")
     args = p.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     model = args.model or smollm2_checkpoint()
@@ -177,7 +177,7 @@ def main() -> int:
             n, u = results["neuron"]["latency"][c], results["cpu"]["latency"][c]
             print(f"ratio neuron/cpu at {c} clients: TTFT {n['ttft'] / u['ttft']:.2f}x, ITL {n['itl'] / u['itl']:.2f}x")
     print(f"threads={args.threads or 'vLLM default'}, {'eager' if args.eager else 'compiled'}"
-          f"{', async scheduling (ours)' if args.async_scheduling else ''}; "
+          f"{', no async scheduling (ours)' if args.no_async_scheduling else ''}; "
           f"load {open('/proc/loadavg').read().split()[:3]}")
     return 0
 

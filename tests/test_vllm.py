@@ -73,7 +73,7 @@ def engine(smollm2):
     saved_env = dict(os.environ)  # vLLM and our platform set variables for their processes
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TORCH_NEURONX_VLLM_ASYNC_SCHEDULING"] = "1"  # off by default; the tests below run with it
+    os.environ.pop("TORCH_NEURONX_VLLM_ASYNC_SCHEDULING", None)  # the default (on): the tests below run with it
     threads = torch.get_num_threads()  # vLLM lowers it for serving; the suite's other tests want it back
     llm = vllm.LLM(model=str(path), dtype="float32", max_model_len=512, seed=0,
                    kv_cache_memory_bytes=KV_CACHE_BYTES, max_num_seqs=8)
@@ -382,7 +382,7 @@ def test_compat_steps_match_this_vllm():
 
 
 def test_async_scheduling_runs_on_device_streams_and_events(engine):
-    """vLLM's async scheduling is on (TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1 in the fixture), and the GPU runner's
+    """vLLM's async scheduling is on by default (TORCH_NEURONX_VLLM_ASYNC_SCHEDULING unset in the fixture), and the GPU runner's
     streams and events are the device's, so its output copy and input-buffer guard order real
     work; the greedy and seeded-sampling tests of this module run with it."""
     from vllm.platforms import current_platform
@@ -451,12 +451,12 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
                                                     # libgomp's default, as a user has it
                                                     "OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None,
                                                     "TORCH_NEURONX_VLLM_COMPILE": "0",
-                                                    # the default (the in-process engine's fixture sets it)
-                                                    "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": None})
+                                                    # the switch off (the in-process engine has the default)
+                                                    "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "0"})
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["text"].startswith(" Paris"), result
     assert result["mode"] == 0, result  # TORCH_NEURONX_VLLM_COMPILE=0: eager (CompilationMode.NONE)
-    assert result["async"] is False, result  # off unless TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=1
+    assert result["async"] is False, result  # TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=0: off
     # The engine process started with OpenMP's passive waits (libgomp reads them at start).
     assert result["omp_wait_policy"] == "PASSIVE", result
     # KV cache from the HBM budget: 0.9 x 1 GiB less the device memory the weights hold, in
@@ -527,7 +527,7 @@ def server(smollm2, tmp_path_factory):
          "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
         env=_child_env({"NEURON_RT_HBM_BYTES": "1G", "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
-                        "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "1"}))  # the server tests run with it
+                        "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": None}))  # the default (on)
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -755,7 +755,7 @@ def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
                       f"runpy.run_path({str(script)!r}, run_name='__main__')",
                       env={"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
                            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc of a function
-                           "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": "1"})
+                           "TORCH_NEURONX_VLLM_ASYNC_SCHEDULING": None})  # the default (on)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     for r in result["ranks"]:
