@@ -575,35 +575,35 @@ def _greedy(tokenizer, model, ids, max_new_tokens):
 
 
 def test_vllm_serve_answers_completions_chat_and_streams(server, smollm2):
-    """The OpenAI routes, streaming, and a 400 for a prompt longer than the model length with the
-    server staying up."""
-    port = server
+    """The OpenAI routes through the `openai` client (vLLM's dependency), streamed and not, and a
+    400 for a prompt longer than the model length with the server staying up."""
+    import openai
+
     _, tokenizer, model = smollm2
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="unused", max_retries=0, timeout=120)
     prompt = "The capital of France is"
     ref = _greedy(tokenizer, model, tokenizer(prompt)["input_ids"], 8)
-    status, body = _post(port, "/v1/completions",
-                         {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
-    assert status == 200 and body["choices"][0]["text"] == ref, body
-
-    status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": prompt, "max_tokens": 8,
-                                                   "temperature": 0, "stream": True}, stream=True)
-    chunks = [json.loads(line[len("data: "):]) for line in body.splitlines()
-              if line.startswith("data: ") and line != "data: [DONE]"]
-    assert status == 200 and len(chunks) >= 2 and body.rstrip().endswith("data: [DONE]")
-    assert "".join(c["choices"][0]["text"] for c in chunks) == ref
+    done = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
+    assert done.choices[0].text == ref, done
+    chunks = list(client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0,
+                                            stream=True))
+    assert len(chunks) >= 2 and "".join(c.choices[0].text for c in chunks if c.choices) == ref
 
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-    status, body = _post(port, "/v1/chat/completions",
-                         {"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0})
-    assert status == 200, body
-    assert body["choices"][0]["message"]["content"] == _greedy(tokenizer, model, chat_ids, 16)
+    chat_ref = _greedy(tokenizer, model, chat_ids, 16)
+    done = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0)
+    assert done.choices[0].message.content == chat_ref, done
+    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0,
+                                                 stream=True))
+    assert len(chunks) >= 2
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat_ref
 
-    status, body = _post(port, "/v1/completions", {"model": "smollm2", "prompt": "hello " * 400, "max_tokens": 4})
-    assert status == 400, body
-    status, body = _post(port, "/v1/completions",
-                         {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0})
-    assert status == 200 and body["choices"][0]["text"] == ref
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2", prompt="hello " * 400, max_tokens=4)
+    assert err.value.status_code == 400
+    done = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
+    assert done.choices[0].text == ref
 
 
 CONCURRENT = [f"Fact number {i}: the number {i} squared is" for i in range(12)] + PROMPTS
