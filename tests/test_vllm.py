@@ -760,7 +760,7 @@ def test_tensor_parallel_2_over_the_neuron_backend(smollm2, tmp_path):
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     for r in result["ranks"]:
         assert r["backend"] == "neuron" and r["devices"] == [f"neuron:{r['rank']}"], result["ranks"]
-        assert r["async"], result["ranks"]  # asked for: vLLM's multiproc executor schedules ahead under TP too
+        assert r["async"], result["ranks"]  # the default: vLLM's multiproc executor schedules ahead under TP too
     for ids, got in zip(prompt_ids, result["ids"]):
         with torch.no_grad():
             ref = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
