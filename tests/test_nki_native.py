@@ -885,7 +885,7 @@ def _act_sums(x, b, fn, scale):
     P, F = x.shape
     out = nl.ndarray((P, 3 * F + 3), dtype=nl.float32, buffer=nl.shared_hbm)
     out16 = nl.ndarray((P, 2 * F), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    t = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=x)
     bias = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=bias, src=b)
@@ -908,21 +908,23 @@ def _act_sums(x, b, fn, scale):
     return out, out16
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fn", ["exp", "sigmoid", "silu"])
 @pytest.mark.parametrize("cols", [512, 300, 40])
-def test_native_activation_row_sum_in_one_pass(fn, cols, monkeypatch):
+def test_native_activation_row_sum_in_one_pass(fn, cols, dtype, monkeypatch):
     # exp, sigmoid and silu with their row sum run in one pass over whole
-    # blocks of 32 (Kernels.inc act_sum, into fp32 rows and rounded into bf16
-    # rows in the registers): the values and sums of the activation alone
-    # followed by tensor_reduce, and its bf16 copy, bit for bit; rows of exp's
-    # edges (NaN, inf, out of the short form's range) take the two passes, and
-    # tiny silu results round through the scalar conversion.
+    # blocks of 32 (Kernels.inc act_sum, fp32 or bf16 data, into fp32 rows and
+    # rounded into bf16 rows in the registers): the values and sums of the
+    # activation alone followed by tensor_reduce, and its bf16 copy, bit for
+    # bit; rows of exp's edges (NaN, inf, out of the short form's range) take
+    # the two passes, and tiny silu results round through the scalar conversion.
     monkeypatch.setenv("NKI_EXECUTOR", "native")
     g = torch.Generator().manual_seed(11)
     x = torch.randn(128, cols, generator=g) * 3
     edges = _exp_edges().reshape(-1)
     x[1::4] = edges[torch.randint(0, edges.numel(), (x[1::4].numel(),), generator=g)].reshape(x[1::4].shape)
     x[2::4] = torch.randn(x[2::4].shape, generator=g) * 1e-39  # denormal silu results
+    x = x.to(dtype)
     b = -torch.rand(128, 1, generator=g)
     out, out16 = _act_sums(x, b, fn, 0.5)
     out, out16 = out.cpu(), out16.cpu()
