@@ -878,6 +878,65 @@ def _gate_inputs(rows, cols, dtype):
     return x.to(dtype), (torch.randn(rows, cols, generator=g) * 2).to(dtype)
 
 
+@nki.jit
+def _act_sums(x, b, fn, scale):
+    """One activation three ways: with its row sum into fp32 and into bf16
+    tiles, and without, then summed by tensor_reduce and rounded by a copy."""
+    P, F = x.shape
+    out = nl.ndarray((P, 3 * F + 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    out16 = nl.ndarray((P, 2 * F), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    bias = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=bias, src=b)
+    y = nl.ndarray((P, 3 * F + 3), dtype=nl.float32, buffer=nl.sbuf)
+    y16 = nl.ndarray((P, 2 * F), dtype=nl.bfloat16, buffer=nl.sbuf)
+    op = getattr(nl, fn)
+    nisa.activation(dst=y[:, :F], op=op, data=t, bias=bias, scale=scale, reduce_op=nl.add,
+                    reduce_res=y[:, 3 * F:3 * F + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    e16 = nl.ndarray((P, F), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e16, op=op, data=t, bias=bias, scale=scale, reduce_op=nl.add,
+                    reduce_res=y[:, 3 * F + 1:3 * F + 2], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.tensor_copy(dst=y16[:, :F], src=e16)
+    plain = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=plain, op=op, data=t, bias=bias, scale=scale)
+    nisa.tensor_copy(dst=y[:, F:2 * F], src=plain)
+    nisa.tensor_reduce(dst=y[:, 3 * F + 2:3 * F + 3], op=nl.add, data=plain, axis=1, keepdims=True)
+    nisa.tensor_copy(dst=y16[:, F:], src=plain)
+    nisa.dma_copy(dst=out, src=y)
+    nisa.dma_copy(dst=out16, src=y16)
+    return out, out16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn", ["exp", "sigmoid", "silu"])
+@pytest.mark.parametrize("cols", [512, 300, 40])
+def test_native_activation_row_sum_in_one_pass(fn, cols, dtype, monkeypatch):
+    # exp, sigmoid and silu with their row sum run in one pass over whole
+    # blocks of 32 (Kernels.inc act_sum, fp32 or bf16 data, into fp32 rows and
+    # rounded into bf16 rows in the registers): the values and sums of the
+    # activation alone followed by tensor_reduce, and its bf16 copy, bit for
+    # bit; rows of exp's edges (NaN, inf, out of the short form's range) take
+    # the two passes, and tiny silu results round through the scalar conversion.
+    monkeypatch.setenv("NKI_EXECUTOR", "native")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(128, cols, generator=g) * 3
+    edges = _exp_edges().reshape(-1)
+    x[1::4] = edges[torch.randint(0, edges.numel(), (x[1::4].numel(),), generator=g)].reshape(x[1::4].shape)
+    x[2::4] = torch.randn(x[2::4].shape, generator=g) * 1e-39  # denormal silu results
+    x = x.to(dtype)
+    b = -torch.rand(128, 1, generator=g)
+    out, out16 = _act_sums(x, b, fn, 0.5)
+    out, out16 = out.cpu(), out16.cpu()
+    F = cols
+    _same_bits(out[:, :F], out[:, F:2 * F])
+    _same_bits(out[:, 3 * F], out[:, 3 * F + 2])
+    _same_bits(out[:, 3 * F + 1], out[:, 3 * F + 2])
+    _same_bits(out16[:, :F], out16[:, F:])
+    ref = _run("interpreter", _act_sums, x, b, fn, 0.5, monkeypatch=monkeypatch)[0].cpu()
+    _close(out, ref, rtol=4e-6, atol=2e-5)
+
+
 # (fp16: the gathered-row form)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 # (2100, 2048): an output of 8 MiB and more, stored with streaming stores (bf16: 8.2 MiB).

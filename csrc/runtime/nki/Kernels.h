@@ -142,6 +142,10 @@ struct RowOp {
   bool stream = false;
   Loop loop = nullptr;
   int64_t fn = -1;              // an activation's function
+  // its row sum made with it (Kernels.inc act_sum), where the build has one
+  bool (*sum)(const void*, float, float, bool, float*, int64_t, float&) = nullptr;
+  // (into a bf16 row: d, ed = 2)
+  bool (*sum16)(const void*, float, float, bool, float*, uint16_t*, int64_t, float&) = nullptr;
   int64_t ea = 0, eb = 0, ed = 0;  // its rows' element bytes
 };
 using DecodeRecord = void (*)(const Ctx& c, int64_t i, RowOp& op);
