@@ -481,7 +481,7 @@ def test_spawned_engine_sizes_kv_cache_from_hbm_and_leaves_no_shared_memory(smol
     assert ours == [], ours
 
 
-def _post(port, path, body, stream=False):
+def _post(port, path, body):
     import urllib.error
     import urllib.request
 
@@ -490,7 +490,7 @@ def _post(port, path, body, stream=False):
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             payload = response.read().decode()
-            return response.status, payload if stream else json.loads(payload)
+            return response.status, json.loads(payload)
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
 
