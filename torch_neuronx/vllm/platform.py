@@ -140,7 +140,7 @@ class NeuronPlatform(CpuPlatform):
 
         # Async scheduling (the host prepares step n+1 while the device runs step n) runs on
         # the device's streams and events (model_runner.py) and stays as vLLM decided it: on
-        # the idle 2-core host it made offline serving faster at 1 and 2 engine threads
+        # the idle 2-core host it made offline serving faster in three of four pairs
         # (docs/serving.md). TORCH_NEURONX_VLLM_ASYNC_SCHEDULING=0 turns it off.
         if not async_scheduling_from_env():
             vllm_config.scheduler_config.async_scheduling = False
