@@ -79,7 +79,7 @@ def test_cpu_out_argument_of_a_neuron_op_raises(make_out):
     out = make_out(torch.long)
     with pytest.raises(RuntimeError, match=SAME_DEVICE):
         torch.nonzero(t, out=out)
-    out = make_out(torch.float32)
+    out = make_out(torch.float32).fill_(-5.0)  # (not empty()'s bits: they may be a NaN)
     before = out.clone()
     with pytest.raises(RuntimeError, match=SAME_DEVICE):
         torch.add(t, t, out=out)
