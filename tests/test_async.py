@@ -423,3 +423,58 @@ def test_queued_kernels_run_below_autograd_like_their_caller():
     assert inside.item() == bool((x.cpu() > 0).any())
     assert_same(mean, x.cpu().reshape(4, 4).mean(-1, keepdim=True))
     assert outside.item() == bool((x.cpu() > 0).any() & (x.cpu() < 10).all())
+
+
+def _nki_kernels():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import nki_kernels
+
+    return nki_kernels
+
+
+def test_nki_kernels_are_queued():
+    # An NKI kernel is queued like an ATen op: the call returns while the
+    # stream still works on what came before it (a synchronous launch made a
+    # decode step with the Hub RMSNorm wait for the stream 61 times a token).
+    from torch_neuronx import _C
+
+    K = _nki_kernels()
+    x, y = torch.randn(256, 512), torch.randn(256, 512)
+    xd, yd = x.neuron(), y.neuron()
+    K.tensor_add(xd, yd)  # traced and lowered before the stream gets busy
+    a = torch.randn(768, 768, device="neuron") / 768
+    torch.neuron.synchronize()
+    stream = torch.neuron.current_stream()
+    busy = _long_work(a)
+    before = _C._launch_counts(0)
+    out = K.tensor_add(xd * 2, busy[:256, :512] + yd)  # reads what the queued work writes
+    issued, stalls = (b - a for a, b in zip(before, _C._launch_counts(0)))
+    assert not stream.query() and issued == 3 and stalls == 0, (issued, stalls)
+    assert_same(out, x * 2 + _long_work(a.cpu())[:256, :512] + y, rtol=1e-4, atol=1e-5)
+
+
+def test_nki_kernel_keeps_its_arguments_until_it_ran():
+    # A tensor the kernel reads on a side stream, dropped by the caller at once:
+    # its block must not go back to the allocator (and into a new tensor the
+    # default stream writes) before the queued kernel has read it.
+    K = _nki_kernels()
+    x, y = torch.randn(256, 512), torch.randn(256, 512)
+    yd = y.neuron()
+    K.tensor_add(yd, yd)
+    a = torch.randn(768, 768, device="neuron") / 768
+    side = torch.neuron.Stream()
+    for _ in range(3):
+        xd = x.neuron()
+        torch.neuron.synchronize()
+        with torch.neuron.stream(side):
+            _long_work(a, n=6)
+            out = K.tensor_add(xd, yd)
+        del xd
+        junk = [torch.full((256, 512), 7.0, device="neuron") for _ in range(4)]
+        side.synchronize()
+        torch.neuron.synchronize()
+        assert_same(out, x + y)
+        del junk

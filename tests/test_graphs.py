@@ -373,3 +373,24 @@ def test_neuron_graph_as_a_context_manager_uses_its_graph_pool():
     g1.replay()
     g2.replay()
     assert_same(z, torch.tensor([4.0, 6.0, 8.0]))
+
+
+def test_nki_kernel_replays():
+    # An NKI kernel is a queued launch: captured and replayed over the static
+    # tensors like an ATen op, between ATen ops that feed it and read it.
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import nki_kernels as K
+
+    x = torch.randn(256, 512, device="neuron")
+    y = torch.randn(256, 512, device="neuron")
+    K.tensor_add(x, y)  # traced and lowered before the capture
+    g, out = _capture(lambda a, b: K.tensor_add(a.sin(), b) * 2, x, y)
+    for k in range(3):
+        xs, ys = torch.randn(256, 512), torch.randn(256, 512)
+        x.copy_(xs)
+        y.copy_(ys)
+        g.replay()
+        assert_same(out, (xs.sin() + ys) * 2)

@@ -1,8 +1,9 @@
 // torch_neuronx._C._NkiProgram: the Python lowering of a traced NKI kernel
 // (nki/_native.py) hands its record table to the runtime's executor
-// (csrc/runtime/nki), which checks it once; run() launches it on the current
-// stream of the tensors' neuron device (or runs it in place on CPU memory:
-// NumPy arrays and the CPU kernels of nki_op).
+// (csrc/runtime/nki), which checks it once; run() queues it on the current
+// stream of the tensors' neuron device (a program with a device loop runs
+// synchronously), or runs it in place on CPU memory (NumPy arrays and the CPU
+// kernels of nki_op).
 #include <torch/csrc/utils/pybind.h>
 
 #include "csrc/aten/NeuronFunctions.h"
@@ -42,6 +43,28 @@ std::shared_ptr<nk::Program> make_program(const at::Tensor& words, const at::Ten
   });
 }
 
+// A launch queued on the stream (CUDA's kernel launch): the program kernel
+// and the bound tensors, kept alive until it has run (a temporary argument the
+// caller drops at once is still read by the kernel). Finished kernels are
+// destroyed on a launching thread (Stream.h), so the tensors are released there.
+class QueuedProgram final : public neuronrt::Kernel {
+ public:
+  QueuedProgram(std::shared_ptr<const nk::Program> program, std::vector<void*> ptrs, int threads,
+                std::vector<at::Tensor> bound)
+      : kernel_(std::move(program), std::move(ptrs), threads), bound_(std::move(bound)) {
+    for (const at::Tensor& t : bound_) bytes_ += t.nbytes();
+  }
+  const char* name() const noexcept override { return kernel_.name(); }
+  void run() override { kernel_.run(); }
+  // Small programs on an idle stream run on the launching thread (Stream.h).
+  size_t bytes() const noexcept override { return bytes_; }
+
+ private:
+  nk::ProgramKernel kernel_;
+  std::vector<at::Tensor> bound_;
+  size_t bytes_ = 0;
+};
+
 void run(const std::shared_ptr<nk::Program>& program, const std::vector<at::Tensor>& bound, int threads) {
   const auto& ids = program->bound();
   TORCH_CHECK(bound.size() == ids.size(), "nki kernel '", program->name(), "': expected ", ids.size(),
@@ -67,8 +90,19 @@ void run(const std::shared_ptr<nk::Program>& program, const std::vector<at::Tens
   at::neuron::rt_call([&] {
     if (device && device->is_privateuseone()) {
       const int index = device->has_index() ? device->index() : neuronrt::current_device();
-      nk::ProgramKernel kernel(program, std::move(ptrs), threads);
-      neuronrt::current_stream(index).launch([&] { kernel.run(); }, kernel.name());
+      neuronrt::Stream& stream = neuronrt::current_stream(index);
+      if (program->has_loops()) {
+        // A device loop can fail at run time (its iteration cap): launched
+        // synchronously, its error is raised at the call, as the interpreter
+        // raises it (nki/_native.py turns it into NKIError).
+        nk::ProgramKernel kernel(program, std::move(ptrs), threads);
+        stream.launch([&] { kernel.run(); }, kernel.name());
+      } else {
+        // Queued: the caller goes on while the stream runs the work before it
+        // (a decode step's kernels overlap the Python that launches them), and
+        // a graph capture records it. Errors surface at the next sync point.
+        neuronrt::launch_async(stream, std::make_unique<QueuedProgram>(program, std::move(ptrs), threads, bound));
+      }
     } else {
       nk::execute(*program, ptrs, threads);
     }
