@@ -388,7 +388,7 @@ def test_nki_kernel_replays():
     y = torch.randn(256, 512, device="neuron")
     K.tensor_add(x, y)  # traced and lowered before the capture
     g, out = _capture(lambda a, b: K.tensor_add(a.sin(), b) * 2, x, y)
-    for k in range(3):
+    for _ in range(3):
         xs, ys = torch.randn(256, 512), torch.randn(256, 512)
         x.copy_(xs)
         y.copy_(ys)
