@@ -6,6 +6,7 @@
 // kernels of nki_op).
 #include <torch/csrc/utils/pybind.h>
 
+#include "csrc/aten/HostExecution.h"
 #include "csrc/aten/NeuronFunctions.h"
 #include "csrc/runtime/Runtime.h"
 
@@ -43,28 +44,6 @@ std::shared_ptr<nk::Program> make_program(const at::Tensor& words, const at::Ten
   });
 }
 
-// A launch queued on the stream (CUDA's kernel launch): the program kernel
-// and the bound tensors, kept alive until it has run (a temporary argument the
-// caller drops at once is still read by the kernel). Finished kernels are
-// destroyed on a launching thread (Stream.h), so the tensors are released there.
-class QueuedProgram final : public neuronrt::Kernel {
- public:
-  QueuedProgram(std::shared_ptr<const nk::Program> program, std::vector<void*> ptrs, int threads,
-                std::vector<at::Tensor> bound)
-      : kernel_(std::move(program), std::move(ptrs), threads), bound_(std::move(bound)) {
-    for (const at::Tensor& t : bound_) bytes_ += t.nbytes();
-  }
-  const char* name() const noexcept override { return kernel_.name(); }
-  void run() override { kernel_.run(); }
-  // Small programs on an idle stream run on the launching thread (Stream.h).
-  size_t bytes() const noexcept override { return bytes_; }
-
- private:
-  nk::ProgramKernel kernel_;
-  std::vector<at::Tensor> bound_;
-  size_t bytes_ = 0;
-};
-
 void run(const std::shared_ptr<nk::Program>& program, const std::vector<at::Tensor>& bound, int threads) {
   const auto& ids = program->bound();
   TORCH_CHECK(bound.size() == ids.size(), "nki kernel '", program->name(), "': expected ", ids.size(),
@@ -98,10 +77,16 @@ void run(const std::shared_ptr<nk::Program>& program, const std::vector<at::Tens
         nk::ProgramKernel kernel(program, std::move(ptrs), threads);
         stream.launch([&] { kernel.run(); }, kernel.name());
       } else {
-        // Queued: the caller goes on while the stream runs the work before it
-        // (a decode step's kernels overlap the Python that launches them), and
-        // a graph capture records it. Errors surface at the next sync point.
-        neuronrt::launch_async(stream, std::make_unique<QueuedProgram>(program, std::move(ptrs), threads, bound));
+        // Queued like an ATen op: the caller goes on while the stream runs the
+        // work before it (a decode step's kernels overlap the Python that
+        // launches them), a graph capture records it, errors surface at the
+        // next sync point, and the bound tensors stay alive until it has run
+        // (an argument the caller drops at once is still read). A small
+        // program on an idle stream runs on the caller (Stream.h).
+        auto kernel = std::make_shared<nk::ProgramKernel>(program, std::move(ptrs), threads);
+        size_t bytes = 0;
+        for (const at::Tensor& t : bound) bytes += t.nbytes();
+        at::neuron::queue_host_work(stream, kernel->name(), bytes, [kernel, bound] { kernel->run(); });
       }
     } else {
       nk::execute(*program, ptrs, threads);
