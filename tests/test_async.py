@@ -425,23 +425,13 @@ def test_queued_kernels_run_below_autograd_like_their_caller():
     assert outside.item() == bool((x.cpu() > 0).any() & (x.cpu() < 10).all())
 
 
-def _nki_kernels():
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    import nki_kernels
-
-    return nki_kernels
-
-
 def test_nki_kernels_are_queued():
     # An NKI kernel is queued like an ATen op: the call returns while the
     # stream still works on what came before it (a synchronous launch made a
     # decode step with the Hub RMSNorm wait for the stream 61 times a token).
+    import nki_kernels as K
     from torch_neuronx import _C
 
-    K = _nki_kernels()
     x, y = torch.randn(256, 512), torch.randn(256, 512)
     xd, yd = x.neuron(), y.neuron()
     K.tensor_add(xd, yd)  # traced and lowered before the stream gets busy
@@ -460,7 +450,8 @@ def test_nki_kernel_keeps_its_arguments_until_it_ran():
     # A tensor the kernel reads on a side stream, dropped by the caller at once:
     # its block must not go back to the allocator (and into a new tensor the
     # default stream writes) before the queued kernel has read it.
-    K = _nki_kernels()
+    import nki_kernels as K
+
     x, y = torch.randn(256, 512), torch.randn(256, 512)
     yd = y.neuron()
     K.tensor_add(yd, yd)

@@ -378,10 +378,6 @@ def test_neuron_graph_as_a_context_manager_uses_its_graph_pool():
 def test_nki_kernel_replays():
     # An NKI kernel is a queued launch: captured and replayed over the static
     # tensors like an ATen op, between ATen ops that feed it and read it.
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
     import nki_kernels as K
 
     x = torch.randn(256, 512, device="neuron")
