@@ -396,16 +396,16 @@ void CachingAllocator::free(void* ptr) {
     if (b->slab->free.empty()) ds.open_slabs.push_back(b->slab);
     b->slab->used--;
     b->slab->free.push_back(b);
-  } else if (b->pool) {
-    b->pool->cache.emplace(b->size, b);
+  } else if (b->pool) {  // first among its size: handed out next (DeviceState::cache)
+    b->pool->cache.emplace_hint(b->pool->cache.lower_bound(b->size), b->size, b);
   } else if (ds.spare_nodes.empty()) {
-    ds.cache.emplace(b->size, b);
+    ds.cache.emplace_hint(ds.cache.lower_bound(b->size), b->size, b);
   } else {
     auto node = std::move(ds.spare_nodes.back());
     ds.spare_nodes.pop_back();
     node.key() = b->size;
     node.mapped() = b;
-    ds.cache.insert(std::move(node));
+    ds.cache.insert(ds.cache.lower_bound(b->size), std::move(node));
   }
   notify(AllocatorEvent::Action::Free, b->device, b->ptr, b->size);
   publish(b->device, ds.stats);

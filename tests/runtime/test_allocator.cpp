@@ -44,6 +44,31 @@ TEST(CachingAllocator, TracksStatsAndReusesBlocks) {
   EXPECT_EQ(a.device_of(p), -1);
 }
 
+// Among free blocks of one size the most recently freed is handed out first
+// (its lines are the likeliest in cache); oldest first, a stream of
+// same-size outputs cycled through every block it had in flight.
+TEST(CachingAllocator, ReusesTheMostRecentlyFreedBlockFirst) {
+  auto& a = CachingAllocator::instance();
+  for (size_t size : {size_t{1000}, size_t{4} << 20}) {  // a small block, a huge-page segment
+    a.empty_cache(0);
+    std::vector<void*> held;
+    for (int i = 0; i < 4; ++i) held.push_back(a.allocate(0, size));
+    for (void* p : held) a.free(p);  // freed oldest first: held[3] is the most recent
+    for (int round = 0; round < 3; ++round) {
+      void* p = a.allocate(0, size);
+      EXPECT_EQ(p, held[3]) << size << " bytes, round " << round;
+      a.free(p);
+    }
+    void* x = a.allocate(0, size);
+    void* y = a.allocate(0, size);
+    EXPECT_EQ(x, held[3]);
+    EXPECT_EQ(y, held[2]);
+    a.free(x);
+    a.free(y);
+  }
+  a.empty_cache(0);
+}
+
 TEST(CachingAllocator, EnforcesCapacityAndRecovers) {
   auto& a = CachingAllocator::instance();
   auto [free_bytes, total] = a.mem_info(1);
