@@ -59,6 +59,57 @@ def test_rmsnorm_native_matches_interpreter(dtype, rows, hidden, monkeypatch):
     assert_same(out.float(), _rmsnorm_ref(x.cpu(), w.cpu(), 1e-6), atol=tol, rtol=tol)
 
 
+@nki.jit
+def _row_chain(x, w, eps):
+    """RMSNorm's row step with [P, 1] records that must not take the value the
+    record before stored from a register: a bf16 statistic (rounded on store),
+    and a record reading an older tile than the one just written."""
+    rows, H = x.shape
+    out = nl.ndarray((rows, H), dtype=x.dtype, buffer=nl.shared_hbm)
+    wb = nl.ndarray((128, H), dtype=w.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=wb, src=w.broadcast_to((128, H)))
+    for i in nl.affine_range((rows + 127) // 128):
+        p = min(128, rows - i * 128)
+        t = nl.ndarray((128, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[:p], src=x[i * 128:i * 128 + p])
+        sq = nl.ndarray((128, H), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq[:p], op=nl.square, data=t[:p], reduce_op=nl.add, reduce_res=ss[:p])
+        m = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=m[:p], data=ss[:p], op0=nl.multiply, operand0=1.0 / H, op1=nl.add, operand1=eps)
+        r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=r[:p], op=nl.rsqrt, data=m[:p])
+        s = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=s[:p], data=ss[:p], op0=nl.multiply, operand0=r[:p], op1=nl.multiply, operand1=1.0 / H)
+        nisa.activation(dst=s[:p], op=nl.rsqrt, data=s[:p])
+        y = nl.ndarray((128, H), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=y[:p], data=t[:p], op0=nl.multiply, operand0=s[:p], op1=nl.multiply,
+                                  operand1=wb[:p])
+        nisa.dma_copy(dst=out[i * 128:i * 128 + p], src=y[:p])
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_step_forwarding_matches_interpreter(threads, monkeypatch):
+    # A streamed fp32 output (8.5 MB, a partial last tile) makes these row
+    # steps; each [P, 1] value goes to the next record in a register only
+    # where that is the fp32 element it just stored (RowOp::forward).
+    monkeypatch.setenv("NKI_SPLIT_SMALL", "1")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(1040, 2048).to("neuron")
+        w = torch.randn(1, 2048).to("neuron")
+        out = _both(_row_chain, x, w, 1e-6, monkeypatch=monkeypatch)
+    finally:
+        torch.set_num_threads(old)
+    x32 = x.cpu()
+    ss = x32.pow(2).sum(-1, keepdim=True)
+    r = torch.rsqrt((ss / 2048 + 1e-6).bfloat16().float())
+    ref = x32 * torch.rsqrt(ss * r / 2048) * w.cpu()
+    assert_same(out, ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (3, 64, 30, 30)), (torch.bfloat16, (3, 64, 30, 30)),
                                          (torch.float32, (24, 128, 56, 56))])  # a streamed 9.6 MB output
 def test_pool_native_matches_interpreter(dtype, shape, monkeypatch):

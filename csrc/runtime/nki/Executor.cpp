@@ -30,6 +30,7 @@ using detail::DecodeRecord;
 using detail::Prefetch;
 using detail::RowOp;
 using detail::RunRecord;
+using detail::RunRows;
 using detail::Scratch;
 
 // The widest build the CPU runs. NKI_KERNEL_ISA=generic|avx2|avx512 forces
@@ -37,11 +38,12 @@ using detail::Scratch;
 struct Kernels {
   RunRecord run;
   DecodeRecord decode;
+  RunRows rows;
 };
 Kernels pick_kernels() {
-  constexpr Kernels generic{detail::generic::run_record, detail::generic::decode_record};
-  constexpr Kernels avx2{detail::avx2::run_record, detail::avx2::decode_record};
-  constexpr Kernels avx512{detail::avx512::run_record, detail::avx512::decode_record};
+  constexpr Kernels generic{detail::generic::run_record, detail::generic::decode_record, detail::generic::run_rows};
+  constexpr Kernels avx2{detail::avx2::run_record, detail::avx2::decode_record, detail::avx2::run_rows};
+  constexpr Kernels avx512{detail::avx512::run_record, detail::avx512::decode_record, detail::avx512::run_rows};
   if (const char* isa = std::getenv("NKI_KERNEL_ISA")) {
     const std::string v = isa;
     if (v == "generic") return generic;
@@ -284,6 +286,18 @@ void plan_stretch(const Ctx& c, int64_t i, int64_t j, StretchPlan& plan) {
     }
   }
   plan.row_steps = reread > 0 && !writes_rows;
+  // In a row step a [P, 1] fp32 value the record before stored (a sum into
+  // reduce_res, a [P, 1] tensor_scalar or activation) passes to the record
+  // reading it next in a register (RowOp::forward): RMSNorm's sum, its
+  // (ss / H + eps), rsqrt and the scale.
+  for (size_t k = 1; plan.row_steps && k < plan.ops.size(); ++k) {
+    const RowOp& prev = plan.ops[k - 1];
+    RowOp& op = plan.ops[k];
+    const RowOp::Elem& in = op.step == RowOp::kScalar ? op.x : op.s0;
+    op.forward = (prev.step == RowOp::kSumSquares || prev.step == RowOp::kScalar) && prev.out.base &&
+                 prev.out.dtype == F32 && (op.step == RowOp::kScalar || op.step == RowOp::kStt) &&
+                 in.base == prev.out.base && in.stride == prev.out.stride && in.dtype == F32;
+  }
   plan.one_step = j == i + 1 && prog.record(i)[0] == OP_MM;
   for (int64_t k = i; k < j; ++k) {
     const int64_t* w = prog.record(k);
@@ -433,13 +447,23 @@ void run_thread(Ctx& c, int t, int nt, std::barrier<>* sync_) {
     if (ahead) plan_stretch(c, j, stretch_end(j), next);
     else next.i = next.j = 0;  // no stretch is [0, 0)
     const int64_t step = here.one_step ? hi - lo : here.row_steps ? 1 : block;
+    const int64_t nops = int64_t(here.ops.size());
+    if (here.row_steps && here.nranges == 0 && !(ahead && next.nranges > 0)) {
+      // Nothing to prefetch on the way: all of the thread's rows in one call.
+      sc.prefetch.clear();
+      kernels.rows(c, here.ops.data(), nops, lo, hi, sc);
+      i = j;
+      continue;
+    }
     for (int64_t p = lo; p < hi; p += step) {
       const int64_t pe = std::min(p + step, hi);
       const int64_t out = here.streamed(p, pe);
       if (pe < hi) here.prefetch(pe, std::min(pe + step, hi), out, sc.prefetch);
       else if (ahead) next.prefetch(lo, std::min(lo + (next.one_step ? hi - lo : next.row_steps ? 1 : block), hi), out, sc.prefetch);
       else sc.prefetch.clear();
-      for (const RowOp& op : here.ops) op.run(c, op, p, pe, sc);
+      if (here.row_steps) kernels.rows(c, here.ops.data(), nops, p, pe, sc);
+      else
+        for (const RowOp& op : here.ops) op.run(c, op, p, pe, sc);
     }
     i = j;
   }

@@ -129,8 +129,19 @@ struct RowOp {
   // Runs partitions [lo, hi) of the record (clipped to `rows`).
   using Fn = void (*)(Ctx& c, const RowOp& op, int64_t lo, int64_t hi, Scratch& sc);
 
+  // How a row step runs one partition of the record (Kernels.inc run_rows):
+  // the [P, 1] forms and the typed scalar_tensor_tensor inline, so a [P, 1]
+  // value can pass to the next record in a register; anything else through
+  // `run`.
+  enum Step : uint8_t { kCall = 0, kSumSquares, kScalar, kStt };
+
   Fn run = nullptr;
+  Step step = kCall;
+  // Its [P, 1] input (x; scalar_tensor_tensor's operand0) is the fp32 element
+  // the record before it has just stored for the same partition (plan_stretch).
+  bool forward = false;
   int64_t i = 0;     // the record
+  const int64_t* w = nullptr;  // its words
   int64_t rows = 0;  // its partitions: [0, rows)
   int64_t n = 0;     // free elements per row
   const char* a = nullptr;  // row 0 of the data, of the second tensor and of dst;
@@ -149,18 +160,24 @@ struct RowOp {
   int64_t ea = 0, eb = 0, ed = 0;  // its rows' element bytes
 };
 using DecodeRecord = void (*)(const Ctx& c, int64_t i, RowOp& op);
+// Partitions [lo, hi) of a row-step stretch's n decoded records, one
+// partition at a time (all n records on p, then p + 1).
+using RunRows = void (*)(Ctx& c, const RowOp* ops, int64_t n, int64_t lo, int64_t hi, Scratch& sc);
 
 namespace generic {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
 void decode_record(const Ctx& c, int64_t i, RowOp& op);
+void run_rows(Ctx& c, const RowOp* ops, int64_t n, int64_t lo, int64_t hi, Scratch& sc);
 }
 namespace avx2 {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
 void decode_record(const Ctx& c, int64_t i, RowOp& op);
+void run_rows(Ctx& c, const RowOp* ops, int64_t n, int64_t lo, int64_t hi, Scratch& sc);
 }
 namespace avx512 {
 void run_record(Ctx& c, int64_t i, int64_t lo, int64_t hi, bool whole, Scratch& sc);
 void decode_record(const Ctx& c, int64_t i, RowOp& op);
+void run_rows(Ctx& c, const RowOp* ops, int64_t n, int64_t lo, int64_t hi, Scratch& sc);
 }
 
 }  // namespace neuronrt::nki::detail
